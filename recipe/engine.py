@@ -1,0 +1,128 @@
+"""Building vLLM engines for rollouts, evaluation, tests and benchmarks, and reading their spec metrics.
+
+One place knows how each speculative method maps onto vLLM's ``speculative_config`` and which engine
+settings the CPU platform needs (memory share of RAM, eager mode), so every caller gets the same engine.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+SPEC_METHODS = ("off", "ngram", "suffix", "sam", "mtp")
+SAM_PROPOSER_CLASS = "sam.vllm.SAMProposer"
+
+
+def on_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def speculative_config(method: str, num_speculative_tokens: int = 3, **options: Any) -> dict | None:
+    """vLLM ``speculative_config`` for one of :data:`SPEC_METHODS` (``None`` for ``off``).
+
+    ``options`` are method-specific vLLM keys (``prompt_lookup_min``/``max`` for ngram,
+    ``suffix_decoding_*`` for suffix); SAM's own options travel in ``additional_config`` instead.
+    """
+    if method not in SPEC_METHODS:
+        raise ValueError(f"unknown speculative method {method!r}; expected one of {SPEC_METHODS}")
+    if method == "off":
+        return None
+    if num_speculative_tokens < 1:
+        raise ValueError(f"num_speculative_tokens must be >= 1 for method {method!r}, got {num_speculative_tokens}")
+    cfg: dict[str, Any] = {"num_speculative_tokens": num_speculative_tokens}
+    if method == "ngram":
+        cfg.update(method="ngram", prompt_lookup_min=options.pop("prompt_lookup_min", 2))
+        cfg["prompt_lookup_max"] = options.pop("prompt_lookup_max", 5)
+    elif method == "suffix":
+        cfg.update(method="suffix")
+    elif method == "sam":
+        cfg.update(method="custom_class", model=SAM_PROPOSER_CLASS)
+    elif method == "mtp":
+        cfg.update(method="mtp")
+    cfg.update(options)
+    return cfg
+
+
+@dataclass
+class EngineOptions:
+    """Engine settings shared by every rollout engine; defaults suit the 2-core CPU default."""
+
+    max_model_len: int = 2048
+    max_num_seqs: int = 256
+    gpu_memory_utilization: float | None = None  # None: 0.2 on CPU (share of RAM), 0.5 on GPU
+    dtype: str = "bfloat16"
+    enforce_eager: bool = True
+    seed: int = 0
+
+
+def make_llm(
+    model: str, spec: dict | None = None, options: EngineOptions | None = None, additional_config: dict | None = None
+):
+    """An in-process ``vllm.LLM`` over ``model`` with the given speculative config, stats enabled."""
+    from vllm import LLM
+
+    options = options or EngineOptions()
+    util = options.gpu_memory_utilization
+    if util is None:
+        util = 0.5 if on_gpu() else 0.2
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    kwargs: dict[str, Any] = dict(
+        model=model,
+        tokenizer=model,
+        dtype=options.dtype,
+        max_model_len=options.max_model_len,
+        max_num_seqs=options.max_num_seqs,
+        gpu_memory_utilization=util,
+        enforce_eager=options.enforce_eager,
+        seed=options.seed,
+        disable_log_stats=False,
+        enable_prefix_caching=False,
+    )
+    if spec is not None:
+        kwargs["speculative_config"] = spec
+    if additional_config:
+        kwargs["additional_config"] = additional_config
+    return LLM(**kwargs)
+
+
+@dataclass
+class SpecCounters:
+    """vLLM's cumulative speculative-decoding counters (``vllm:spec_decode_*``)."""
+
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """1 + accepted/drafts (vLLM's definition: includes the bonus token; only steps with a draft)."""
+        return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    def __sub__(self, other: SpecCounters) -> SpecCounters:
+        return SpecCounters(
+            self.num_drafts - other.num_drafts,
+            self.num_draft_tokens - other.num_draft_tokens,
+            self.num_accepted_tokens - other.num_accepted_tokens,
+        )
+
+
+def spec_counters(llm) -> SpecCounters:
+    """Current cumulative spec-decode counters of ``llm`` (zeros when speculation is off)."""
+    values = {m.name: m for m in llm.get_metrics()}
+
+    def read(name: str) -> int:
+        m = values.get(name)
+        return int(getattr(m, "value", 0)) if m is not None else 0
+
+    return SpecCounters(
+        read("vllm:spec_decode_num_drafts"),
+        read("vllm:spec_decode_num_draft_tokens"),
+        read("vllm:spec_decode_num_accepted_tokens"),
+    )

@@ -1,0 +1,82 @@
+"""Sampling-based evaluation of a policy checkpoint with vLLM: pass@1 and speculative acceptance.
+
+Scoring uses veRL's ``math_dapo.compute_score`` (the DAPO rule reward), so evaluation and RL reward
+agree on what a correct answer is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from recipe.data.loader import Problem
+from recipe.engine import SpecCounters, spec_counters
+
+
+def score_response(text: str, ground_truth: str) -> dict:
+    """veRL's DAPO math scorer: ``{"score": +1/-1, "acc": bool, "pred": str}``."""
+    from verl.utils.reward_score.math_dapo import compute_score
+
+    return compute_score(text, ground_truth)
+
+
+def chat_prompts(tokenizer, problems: list[Problem]) -> list[str]:
+    return [tokenizer.apply_chat_template(p.messages, add_generation_prompt=True, tokenize=False) for p in problems]
+
+
+@dataclass
+class EvalResult:
+    pass_at_1: float
+    num_problems: int
+    samples_per_problem: int
+    mean_response_tokens: float
+    response_lengths: list[int]
+    spec: SpecCounters
+    seconds: float
+
+    def as_dict(self) -> dict:
+        return {
+            "pass@1": self.pass_at_1,
+            "num_problems": self.num_problems,
+            "samples_per_problem": self.samples_per_problem,
+            "mean_response_tokens": self.mean_response_tokens,
+            "num_drafts": self.spec.num_drafts,
+            "num_draft_tokens": self.spec.num_draft_tokens,
+            "num_accepted_tokens": self.spec.num_accepted_tokens,
+            "mean_acceptance_length": self.spec.mean_acceptance_length,
+            "draft_acceptance_rate": self.spec.acceptance_rate,
+            "seconds": self.seconds,
+            "tokens_per_second": sum(self.response_lengths) / self.seconds if self.seconds else 0.0,
+        }
+
+
+def evaluate(
+    llm, problems: list[Problem], n: int, temperature: float, max_tokens: int, seed: int = 0, top_p: float = 1.0
+) -> EvalResult:
+    """Sample ``n`` responses per problem and score them; spec counters are the delta over this call."""
+    import time
+
+    from vllm import SamplingParams
+
+    tokenizer = llm.get_tokenizer()
+    params = SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=seed)
+    before = spec_counters(llm)
+    start = time.perf_counter()
+    outputs = llm.generate(chat_prompts(tokenizer, problems), params, use_tqdm=False)
+    seconds = time.perf_counter() - start
+    spec = spec_counters(llm) - before
+    accs, lengths = [], []
+    for problem, out in zip(problems, outputs, strict=True):
+        for comp in out.outputs:
+            accs.append(float(score_response(comp.text, problem.ground_truth)["acc"]))
+            lengths.append(len(comp.token_ids))
+    return EvalResult(
+        pass_at_1=float(np.mean(accs)),
+        num_problems=len(problems),
+        samples_per_problem=n,
+        mean_response_tokens=float(np.mean(lengths)),
+        response_lengths=lengths,
+        spec=spec,
+        seconds=seconds,
+    )

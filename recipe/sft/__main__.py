@@ -1,0 +1,24 @@
+"""``python -m recipe.sft [overrides]``: build (or reuse) the base model for the embedded task."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig
+
+from recipe.sft.train import ensure_base_model
+
+CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "configs")
+
+
+@hydra.main(config_path=CONFIG_DIR, config_name="sft", version_base=None)
+def main(cfg: DictConfig) -> None:
+    logging.basicConfig(level=logging.INFO)
+    ckpt = ensure_base_model(cfg)
+    print(f"base model: {ckpt}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,3 @@
+from sam.automaton import Matcher, SuffixAutomaton
+
+__all__ = ["Matcher", "SuffixAutomaton"]

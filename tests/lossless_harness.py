@@ -1,0 +1,238 @@
+"""Statistical harness: does a (speculative) sampler draw exactly what the model's distribution says?
+
+Samples many continuations of one prompt from each sampler (HuggingFace ``generate``; vLLM with
+speculation off; vLLM with a drafter) and compares the per-position token distributions with a chi-square
+test of homogeneity at every position (rare tokens pooled), combined over positions with Bonferroni. A
+lossless sampler is not rejected; a biased one is (the tests show the power against a sampler at
+temperature 0.85 instead of 1).
+
+Each vLLM sampler runs in its own process, so one whose plugins are disabled (``SPEC_ROLLOUT_LOSSLESS_PATCH=0``)
+cannot leak into another. Run it against any engine, e.g. on a GPU or NPU machine:
+
+    python tests/lossless_harness.py --model /path/to/ckpt --methods off,ngram,mtp --n 2000
+
+which prints one line per (method, temperature, top-p) with the p-value against spec off and HF.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+END = -1  # position after the sequence ended
+DEFAULT_PROMPT = [{"role": "user", "content": "Add the numbers: 3 5 2 7 4"}]
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Setting:
+    temperature: float
+    top_p: float = 1.0
+
+    @property
+    def name(self) -> str:
+        return f"t{self.temperature:g}_p{self.top_p:g}"
+
+
+def prompt_ids(model: str, messages: list[dict] = DEFAULT_PROMPT) -> list[int]:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model)
+    text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
+def _pad(rows: list[list[int]], length: int) -> np.ndarray:
+    out = np.full((len(rows), length), END, dtype=np.int64)
+    for i, r in enumerate(rows):
+        r = r[:length]
+        out[i, : len(r)] = r
+    return out
+
+
+def sample_hf(model: str, setting: Setting, n: int, max_tokens: int, seed: int, batch: int = 500) -> np.ndarray:
+    """``n`` samples from transformers' ``generate`` (float32), as an [n, max_tokens] array."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model)
+    lm = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+    ids = torch.tensor([prompt_ids(model)])
+    torch.manual_seed(seed)
+    rows: list[list[int]] = []
+    with torch.no_grad():
+        while len(rows) < n:
+            m = min(batch, n - len(rows))
+            out = lm.generate(
+                ids.repeat(m, 1),
+                attention_mask=torch.ones(m, ids.shape[1], dtype=torch.long),
+                do_sample=True,
+                temperature=setting.temperature,
+                top_p=setting.top_p,
+                top_k=0,
+                max_new_tokens=max_tokens,
+                eos_token_id=tok.eos_token_id,
+                pad_token_id=tok.pad_token_id,
+            )
+            for r in out[:, ids.shape[1] :].tolist():
+                rows.append(r[: r.index(tok.eos_token_id) + 1] if tok.eos_token_id in r else r)
+    return _pad(rows, max_tokens)
+
+
+def sample_vllm_inprocess(
+    model: str, method: str, settings: list[Setting], n: int, max_tokens: int, seed: int, k: int, dtype: str
+) -> dict[str, np.ndarray]:
+    """Samples per setting from one vLLM engine with speculative ``method`` (run in a child process)."""
+    from vllm import SamplingParams, TokensPrompt
+
+    from recipe.engine import EngineOptions, make_llm, spec_counters, speculative_config
+
+    spec = speculative_config(method, num_speculative_tokens=1 if method == "mtp" else k)
+    extra = {"sam": {"batch_threshold": 1 << 20, "min_match": 1}} if method == "sam" else None
+    llm = make_llm(model, spec, EngineOptions(max_model_len=512, seed=seed, dtype=dtype), additional_config=extra)
+    prompt = TokensPrompt(prompt_token_ids=prompt_ids(model))
+    result = {}
+    for s_i, setting in enumerate(settings):
+        params = [
+            SamplingParams(
+                temperature=setting.temperature,
+                top_p=setting.top_p,
+                max_tokens=max_tokens,
+                seed=seed + 100_000 * s_i + i,
+            )
+            for i in range(n)
+        ]
+        before = spec_counters(llm)
+        outs = llm.generate([prompt] * n, params, use_tqdm=False)
+        counters = spec_counters(llm) - before
+        result[setting.name] = _pad([list(o.outputs[0].token_ids) for o in outs], max_tokens)
+        result[setting.name + "_accepted"] = np.array(
+            [counters.num_drafts, counters.num_draft_tokens, counters.num_accepted_tokens]
+        )
+    return result
+
+
+def sample_vllm(
+    model: str,
+    method: str,
+    settings: list[Setting],
+    n: int,
+    max_tokens: int,
+    seed: int = 0,
+    k: int = 3,
+    patch: bool = True,
+    dtype: str = "float32",
+) -> dict[str, np.ndarray]:
+    """Run :func:`sample_vllm_inprocess` in a fresh process (``patch=False`` disables the lossless plugin)."""
+    env = dict(os.environ)
+    env["SPEC_ROLLOUT_LOSSLESS_PATCH"] = "1" if patch else "0"
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "samples.npz"
+        args = {
+            "model": model,
+            "method": method,
+            "settings": [[s.temperature, s.top_p] for s in settings],
+            "n": n,
+            "max_tokens": max_tokens,
+            "seed": seed,
+            "k": k,
+            "dtype": dtype,
+            "out": str(out),
+        }
+        proc = subprocess.run(
+            [sys.executable, __file__, "_child", json.dumps(args)],
+            env=env,
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(f"vLLM sampler {method} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+        with np.load(out) as data:
+            return {key: data[key] for key in data.files}
+
+
+@dataclass
+class Comparison:
+    p_value: float  # Bonferroni-combined over positions
+    worst_position: int
+    max_tv: float  # largest per-position total variation distance
+    positions: int
+
+
+def compare(a: np.ndarray, b: np.ndarray, min_count: int = 10) -> Comparison:
+    """Chi-square homogeneity test of the token distribution at every position, Bonferroni-combined."""
+    from scipy.stats import chi2_contingency
+
+    assert a.shape[1] == b.shape[1]
+    p_values, tvs = [], []
+    for j in range(a.shape[1]):
+        tokens = np.union1d(a[:, j], b[:, j])
+        ca = np.array([(a[:, j] == t).sum() for t in tokens])
+        cb = np.array([(b[:, j] == t).sum() for t in tokens])
+        tvs.append(0.5 * np.abs(ca / ca.sum() - cb / cb.sum()).sum())
+        common = (ca + cb) >= min_count
+        table = np.stack([ca[common], cb[common]], axis=1)
+        rare = np.array([ca[~common].sum(), cb[~common].sum()])
+        if rare.sum() >= min_count:
+            table = np.vstack([table, rare])
+        if table.shape[0] < 2:
+            p_values.append(1.0)
+            continue
+        p_values.append(float(chi2_contingency(table.T)[1]))
+    worst = int(np.argmin(p_values))
+    return Comparison(min(1.0, p_values[worst] * len(p_values)), worst, float(max(tvs)), len(p_values))
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "_child":
+        args = json.loads(argv[1])
+        sys.path.insert(0, str(REPO_ROOT))
+        result = sample_vllm_inprocess(
+            args["model"],
+            args["method"],
+            [Setting(*s) for s in args["settings"]],
+            args["n"],
+            args["max_tokens"],
+            args["seed"],
+            args["k"],
+            args["dtype"],
+        )
+        np.savez(args["out"], **result)
+        return
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True, help="HF checkpoint directory (MiMo/Qwen2)")
+    parser.add_argument("--methods", default="ngram,sam,mtp", help="comma-separated spec methods to test")
+    parser.add_argument("--n", type=int, default=1500, help="samples per sampler and setting")
+    parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--settings", default="1.0:1.0,0.7:0.9", help="temperature:top_p pairs")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--no-patch", action="store_true", help="disable the lossless plugin (to see the bug)")
+    opts = parser.parse_args(argv)
+    settings = [Setting(*map(float, s.split(":"))) for s in opts.settings.split(",")]
+    ref = sample_vllm(opts.model, "off", settings, opts.n, opts.max_tokens, seed=1, dtype=opts.dtype)
+    for method in opts.methods.split(","):
+        got = sample_vllm(
+            opts.model, method, settings, opts.n, opts.max_tokens, seed=2, patch=not opts.no_patch, dtype=opts.dtype
+        )
+        for s in settings:
+            hf = sample_hf(opts.model, s, opts.n, opts.max_tokens, seed=3)
+            c_off, c_hf = compare(got[s.name], ref[s.name]), compare(got[s.name], hf)
+            drafts, drafted, accepted = got[s.name + "_accepted"]
+            print(
+                f"{method:6s} {s.name:10s} p(vs off)={c_off.p_value:.3g} p(vs hf)={c_hf.p_value:.3g} "
+                f"maxTV(vs off)={c_off.max_tv:.3f} drafts={drafts} accepted={accepted}/{drafted}"
+            )
+
+
+if __name__ == "__main__":
+    main()

