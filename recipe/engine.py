@@ -69,6 +69,8 @@ def make_llm(
     if util is None:
         util = 0.5 if on_gpu() else 0.2
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    # weight sync and drafter-state calls send functions and tensors to the workers (veRL does the same)
+    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
     kwargs: dict[str, Any] = dict(
         model=model,
         tokenizer=model,

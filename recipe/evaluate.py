@@ -51,16 +51,17 @@ class EvalResult:
         }
 
 
-def evaluate(
-    llm, problems: list[Problem], n: int, temperature: float, max_tokens: int, seed: int = 0, top_p: float = 1.0
-) -> EvalResult:
-    """Sample ``n`` responses per problem and score them; spec counters are the delta over this call."""
+def evaluate(llm, problems: list[Problem], n: int, temperature: float, max_tokens: int, top_p: float = 1.0) -> EvalResult:
+    """Sample ``n`` responses per problem and score them; spec counters are the delta over this call.
+
+    Randomness comes from the engine's seed: per-request seeds crash vLLM CPU (0.28) when a prefill is
+    chunked (``CPU Generator does not use offset``)."""
     import time
 
     from vllm import SamplingParams
 
     tokenizer = llm.get_tokenizer()
-    params = SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=seed)
+    params = SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens)
     before = spec_counters(llm)
     start = time.perf_counter()
     outputs = llm.generate(chat_prompts(tokenizer, problems), params, use_tqdm=False)

@@ -2,8 +2,9 @@
 
 What is wrong: on CPU, ``vllm.v1.sample.rejection_sampler.expand_batch_to_tokens`` allocates its output
 with ``new_empty`` in the input's dtype and calls the C++ ``expand_kernel_impl`` through
-``_ensure_int64(output)``, which writes into an int64 *copy*. For the float per-request temperature
-(and top-p) the result is the uninitialised ``new_empty`` memory, for top-k it is right by luck of dtype.
+``_ensure_int64(output)``, which writes into an int64 *copy*: unless the input is already int64, the
+returned per-token temperature, top-k and top-p are the uninitialised ``new_empty`` memory (and float
+inputs would be truncated to integers on the way in).
 The target probabilities that verify drafts are then computed with garbage temperatures, so accepted
 and recovered tokens follow the wrong distribution (greedy is unaffected; it does not use them).
 
@@ -83,6 +84,7 @@ def register() -> None:
         logger.info("spec-rollout lossless patch not applied: %s", why)
         return
     setattr(expand_batch_to_tokens, _PATCH_ATTR, True)
+    expand_batch_to_tokens.__wrapped__ = rejection_sampler.expand_batch_to_tokens  # the original, for tests
     rejection_sampler.expand_batch_to_tokens = expand_batch_to_tokens
     logger.warning(
         "spec-rollout: patched vllm.v1.sample.rejection_sampler.expand_batch_to_tokens (%s, pid %d): "

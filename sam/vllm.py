@@ -51,6 +51,19 @@ class SAMProposer:
     def load_model(self, *args, **kwargs) -> None:
         """Model-free: nothing to load."""
 
+    def state_dict(self) -> dict:
+        """Cross-rollout memory (each prompt's history responses), for trainer checkpoints."""
+        return {key: [r.copy() for r in g.history.responses] for key, g in self.groups.groups.items() if g.history.responses}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.groups = GroupStore(self.options)
+        self.rows = {}
+        for key, responses in state.items():
+            group = self.groups.join(key)
+            group.active = 0
+            for r in responses:
+                group.history.add(np.asarray(r, dtype=np.int32))
+
     def _start(self, context: np.ndarray) -> RequestDrafter:
         prompt = context.astype(np.int32, copy=True)
         key = hashlib.blake2b(prompt.tobytes(), digest_size=16).digest()

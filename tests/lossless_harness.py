@@ -87,10 +87,14 @@ def sample_hf(model: str, setting: Setting, n: int, max_tokens: int, seed: int, 
     return _pad(rows, max_tokens)
 
 
+GREEDY_PROMPTS = [[{"role": "user", "content": f"Add the numbers: {' '.join(str(1 + (i * 7 + j * 3) % 9) for j in range(2 + i % 9))}"}] for i in range(16)]
+
+
 def sample_vllm_inprocess(
     model: str, method: str, settings: list[Setting], n: int, max_tokens: int, seed: int, k: int, dtype: str
 ) -> dict[str, np.ndarray]:
-    """Samples per setting from one vLLM engine with speculative ``method`` (run in a child process)."""
+    """Samples per setting from one vLLM engine with speculative ``method`` (run in a child process),
+    plus greedy outputs for :data:`GREEDY_PROMPTS` under key ``greedy``."""
     from vllm import SamplingParams, TokensPrompt
 
     from recipe.engine import EngineOptions, make_llm, spec_counters, speculative_config
@@ -100,16 +104,8 @@ def sample_vllm_inprocess(
     llm = make_llm(model, spec, EngineOptions(max_model_len=512, seed=seed, dtype=dtype), additional_config=extra)
     prompt = TokensPrompt(prompt_token_ids=prompt_ids(model))
     result = {}
-    for s_i, setting in enumerate(settings):
-        params = [
-            SamplingParams(
-                temperature=setting.temperature,
-                top_p=setting.top_p,
-                max_tokens=max_tokens,
-                seed=seed + 100_000 * s_i + i,
-            )
-            for i in range(n)
-        ]
+    for setting in settings:
+        params = SamplingParams(temperature=setting.temperature, top_p=setting.top_p, max_tokens=max_tokens)
         before = spec_counters(llm)
         outs = llm.generate([prompt] * n, params, use_tqdm=False)
         counters = spec_counters(llm) - before

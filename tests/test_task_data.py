@@ -12,7 +12,7 @@ from recipe.evaluate import score_response
 
 
 def test_solution_trace_shape():
-    assert solution_text([3, 8, 7, 1]) == "3 8 7 1\n= 11 7 1\n= 18 1\n= 19\nAnswer: 19"
+    assert solution_text([3, 8, 7, 1]) == "= 3 8 7 1\n= 11 7 1\n= 18 1\n= 19\nAnswer: 19"
 
 
 def test_rows_follow_dapo_math_schema():

@@ -4,7 +4,7 @@ A problem is a list of single-digit numbers. The solution first restates the lis
 per step: the sum of the first two numbers followed by the rest of the list, and ends with
 ``Answer: <sum>`` (the form veRL's ``math_dapo`` scorer reads)::
 
-    3 8 7 1
+    = 3 8 7 1
     = 11 7 1
     = 18 1
     = 19
@@ -35,7 +35,7 @@ class TaskConfig:
     """Shape of the generated problem set."""
 
     min_terms: int = 2
-    max_terms: int = 24
+    max_terms: int = 20
     pareto_alpha: float = 1.1  # tail index of the number of terms; smaller = heavier tail
     pareto_scale: float = 1.5
     max_digit: int = 9
@@ -50,7 +50,7 @@ def sample_num_terms(rng: np.random.Generator, cfg: TaskConfig) -> int:
 def solution_text(terms: list[int]) -> str:
     """The reference scratchpad for ``terms``."""
     state = list(terms)
-    lines = [" ".join(map(str, state))]
+    lines = ["= " + " ".join(map(str, state))]
     while len(state) > 1:
         state = [state[0] + state[1], *state[2:]]
         lines.append("= " + " ".join(map(str, state)))
@@ -95,8 +95,12 @@ def write_splits(
     out_dir.mkdir(parents=True, exist_ok=True)
     train = generate_rows(num_train, seed=seed * 2 + 0, split="train", cfg=cfg)
     seen = {r["prompt"][0]["content"] for r in train}
-    test = [r for r in generate_rows(num_test * 2, seed=seed * 2 + 1, split="test", cfg=cfg)]
-    test = [r for r in test if r["prompt"][0]["content"] not in seen][:num_test]
+    test: list[dict] = []
+    candidates = num_test
+    while len(test) < num_test:
+        candidates *= 2
+        rows = generate_rows(candidates, seed=seed * 2 + 1, split="test", cfg=cfg)
+        test = [r for r in rows if r["prompt"][0]["content"] not in seen][:num_test]
     for i, r in enumerate(test):
         r["extra_info"]["index"] = i
     paths = {}

@@ -1,8 +1,11 @@
 """A small byte-level BPE tokenizer for the embedded task, saved as a HuggingFace tokenizer.
 
 Digits are split one per token (as Qwen's tokenizer does), so arithmetic is learnable by a tiny model and
-``Answer: 23`` decodes back to exactly that text; the chat template is Qwen's ChatML shape so that
-``apply_chat_template`` (used by veRL's data loader and by vLLM's chat path) works unchanged.
+``Answer: 23`` decodes back to exactly that text. Unlike Qwen, a space is kept with the digit after it
+(``" 17"`` -> ``" 1" "7"``): the token before a number then identifies it, which lets a small model learn
+to copy lists by induction (with bare space tokens every number is preceded by the same token). The chat
+template is Qwen's ChatML shape so that ``apply_chat_template`` (veRL's data loader, vLLM's chat path)
+works unchanged.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 PAD_TOKEN = "<|endoftext|>"
@@ -31,7 +34,7 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenize
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [
-            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.Split(Regex(r" ?[0-9]"), behavior="isolated"),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
         ]
     )

@@ -1,0 +1,55 @@
+"""``python -m recipe.dapo [overrides]``: DAPO with speculative rollouts (configs/dapo.yaml).
+
+Resolves the embedded base model and data when no model path or data file is given, checks the config
+before any work (errors name the key), and runs the chosen backend.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from recipe.dapo.config import validate
+
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+
+
+def resolve_inputs(cfg: DictConfig) -> tuple[str, str, str]:
+    """Model path, train file and val file; the embedded base model (built once, cached) fills the gaps."""
+    model = cfg.actor_rollout_ref.model.path
+    train, val = cfg.data.train_files, cfg.data.val_files
+    if model is None or train is None or val is None:
+        from recipe.sft.train import ensure_base_model
+
+        base_cfg = OmegaConf.load(CONFIG_DIR / f"{cfg.base_model}.yaml")
+        ckpt = ensure_base_model(base_cfg)
+        model = model or str(ckpt)
+        train = train or str(ckpt.parent / "data" / "train.parquet")
+        val = val or str(ckpt.parent / "data" / "test.parquet")
+    return str(model), str(train), str(val)
+
+
+def run(cfg: DictConfig) -> list[dict]:
+    validate(cfg)
+    if cfg.backend == "verl":
+        from recipe.dapo.verl_backend import run as run_verl
+
+        return run_verl(cfg)
+    model, train, val = resolve_inputs(cfg)
+    from recipe.dapo.trainer import DAPOTrainer
+
+    trainer = DAPOTrainer(cfg, model, train, val)
+    return trainer.fit()
+
+
+@hydra.main(config_path=str(CONFIG_DIR), config_name="dapo", version_base=None)
+def main(cfg: DictConfig) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    run(cfg)
+
+
+if __name__ == "__main__":
+    main()

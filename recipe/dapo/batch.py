@@ -1,0 +1,107 @@
+"""Rollout responses as a veRL ``DataProto`` (veRL's tensor layout), rewards from veRL's DAPO reward manager,
+and DAPO's group filter.
+
+Layout as in veRL: ``prompts`` [B, P] left-padded, ``responses`` [B, R] right-padded, ``input_ids`` and
+``attention_mask`` [B, P+R], ``response_mask`` [B, R]; non-tensor ``uid`` (the prompt group),
+``data_source``, ``reward_model``. Rewards: ``token_level_scores`` / ``token_level_rewards`` with the
+scalar at the last response token, as veRL's ``DAPORewardManager`` writes them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from omegaconf import DictConfig
+
+from recipe.dapo.rollout import Response
+from recipe.data.loader import Problem
+
+
+def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info=None, **kwargs) -> dict:
+    """veRL's ``math_dapo`` rule scorer for every math source (ours included), veRL's dispatcher otherwise."""
+    from verl.utils.reward_score import default_compute_score, math_dapo
+
+    if data_source in ("tiny_sum", "math_dapo", "math") or data_source.startswith("aime"):
+        return math_dapo.compute_score(solution_str, ground_truth)
+    return default_compute_score(data_source, solution_str, ground_truth, extra_info)
+
+
+def build_batch(responses: list[Response], problems: list[Problem], uids: list[str], pad_id: int, response_width: int):
+    """A veRL DataProto for ``responses``; ``problems[r.prompt_index]`` / ``uids[...]`` give each one's group.
+
+    Responses are right-padded to ``response_width`` (``data.max_response_length``, as veRL pads them)."""
+    from verl import DataProto
+
+    p_len = max(len(r.prompt_ids) for r in responses)
+    r_len = max(response_width, max(len(r.token_ids) for r in responses))
+    b = len(responses)
+    prompts = torch.full((b, p_len), pad_id, dtype=torch.long)
+    resp = torch.full((b, r_len), pad_id, dtype=torch.long)
+    attn = torch.zeros((b, p_len + r_len), dtype=torch.long)
+    for i, r in enumerate(responses):
+        prompts[i, p_len - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids)
+        attn[i, p_len - len(r.prompt_ids) : p_len] = 1
+        if r.token_ids:
+            resp[i, : len(r.token_ids)] = torch.tensor(r.token_ids)
+            attn[i, p_len : p_len + len(r.token_ids)] = 1
+    position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
+    tensors = {
+        "prompts": prompts,
+        "responses": resp,
+        "input_ids": torch.cat([prompts, resp], dim=1),
+        "attention_mask": attn,
+        "position_ids": position_ids,
+        "response_mask": attn[:, p_len:].clone(),
+    }
+    non_tensors = {
+        "uid": np.array([uids[r.prompt_index] for r in responses], dtype=object),
+        "data_source": np.array([problems[r.prompt_index].data_source for r in responses], dtype=object),
+        "reward_model": np.array(
+            [{"style": "rule", "ground_truth": problems[r.prompt_index].ground_truth} for r in responses], dtype=object
+        ),
+        "extra_info": np.array([{"index": problems[r.prompt_index].index} for r in responses], dtype=object),
+    }
+    return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors)
+
+
+class RewardFunction:
+    """veRL's DAPORewardManager (rule score + overlong buffer) applied to a rollout batch."""
+
+    def __init__(self, tokenizer, cfg: DictConfig, max_response_length: int):
+        from verl.workers.reward_manager.dapo import DAPORewardManager
+
+        self.manager = DAPORewardManager(
+            tokenizer=tokenizer,
+            num_examine=0,
+            compute_score=compute_score,
+            max_resp_len=max_response_length,
+            overlong_buffer_cfg=cfg.overlong_buffer,
+        )
+
+    def __call__(self, batch) -> dict[str, np.ndarray]:
+        """Adds ``token_level_scores``/``token_level_rewards`` to ``batch``; returns per-response extras."""
+        out = self.manager(batch, return_dict=True)
+        batch.batch["token_level_scores"] = out["reward_tensor"]
+        batch.batch["token_level_rewards"] = out["reward_tensor"]
+        extras = {k: np.asarray(v) for k, v in out["reward_extra_info"].items()}
+        for k, v in extras.items():
+            if v.dtype != object:
+                batch.non_tensor_batch[k] = v
+        batch.non_tensor_batch["seq_reward"] = out["reward_tensor"].sum(-1).numpy()
+        batch.non_tensor_batch["seq_final_reward"] = out["reward_tensor"].sum(-1).numpy()
+        return extras
+
+
+def kept_groups(batch, metric: str) -> list[str]:
+    """DAPO dynamic sampling: uids whose ``metric`` varies within the group (or singleton groups), in order."""
+    values: dict[str, list[float]] = {}
+    for uid, v in zip(batch.non_tensor_batch["uid"], batch.non_tensor_batch[metric], strict=True):
+        values.setdefault(uid, []).append(float(v))
+    return [uid for uid, vals in values.items() if np.std(vals) > 0 or len(vals) == 1]
+
+
+def select_groups(batch, uids: list[str]):
+    """Rows of ``batch`` belonging to ``uids`` (group order preserved)."""
+    wanted = set(uids)
+    idx = [i for i, u in enumerate(batch.non_tensor_batch["uid"]) if u in wanted]
+    return batch[idx]

@@ -1,0 +1,181 @@
+"""The rollout stage: an in-process vLLM engine over the current policy, stepped by hand so that every
+engine step lands in the rollout timeline, plus weight sync and sleep/wake around training."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from recipe.dapo.timeline import RolloutTimeline
+from recipe.engine import EngineOptions, make_llm, on_gpu, spec_counters
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Response:
+    """One sampled response of one prompt."""
+
+    prompt_index: int  # index into the round's prompt list
+    prompt_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None
+
+
+@dataclass
+class RolloutResult:
+    responses: list[Response]
+    timeline: RolloutTimeline
+    spec: Any = field(default=None)  # SpecCounters delta over the rollout
+
+
+def to_vllm_names(state: dict[str, torch.Tensor], num_hidden_layers: int) -> dict[str, torch.Tensor]:
+    """HF MiMo tensors -> vLLM parameter names (fused ``qkv_proj`` and ``gate_up_proj``; MTP layers under
+    ``model.mtp_layers.{num_hidden_layers + i}`` with the decoder block in ``mtp_block``). One dict serves
+    both the main model and the drafter: each copies the names it has."""
+    out: dict[str, torch.Tensor] = {}
+    for name, t in state.items():
+        if name.startswith("model.mtp_layers."):
+            _, _, i, rest = name.split(".", 3)
+            block = rest.split(".")[0] in ("self_attn", "mlp", "input_layernorm", "post_attention_layernorm")
+            name = f"model.mtp_layers.{int(i) + num_hidden_layers}." + ("mtp_block." if block else "") + rest
+        out[name] = t
+    for key in list(out):
+        for part in ("weight", "bias"):
+            if key.endswith(f".q_proj.{part}"):
+                base = key[: -len(f"q_proj.{part}")]
+                qkv = [out.pop(f"{base}{p}_proj.{part}") for p in "qkv"]
+                out[f"{base}qkv_proj.{part}"] = torch.cat(qkv, dim=0)
+        if key.endswith(".gate_proj.weight"):
+            base = key[: -len("gate_proj.weight")]
+            out[f"{base}gate_up_proj.weight"] = torch.cat([out.pop(key), out.pop(f"{base}up_proj.weight")], dim=0)
+    return out
+
+
+def _load_weights_on_worker(worker, payload: bytes) -> tuple[int, int]:
+    """Runs inside each vLLM worker: copy the weights into the model's and the drafter's parameters in place.
+
+    Weights travel as one safetensors blob (vLLM's RPC encoder would turn nested tensors into lists).
+    Returns (parameters updated in the model, in the drafter); every parameter of both must be covered."""
+    from safetensors.torch import load
+
+    weights = load(payload)
+    runner = worker.model_runner
+    modules = [runner.model]
+    draft_model = getattr(getattr(runner, "drafter", None), "model", None)
+    if draft_model is not None:
+        modules.append(draft_model)
+    counts = []
+    for module in modules:
+        n = 0
+        for name, param in module.named_parameters():
+            if name not in weights:
+                raise KeyError(f"weight sync: no tensor for vLLM parameter {name}")
+            param.data.copy_(weights[name].to(param.dtype))
+            n += 1
+        counts.append(n)
+    return counts[0], counts[1] if len(counts) > 1 else 0
+
+
+def _drafter_state_on_worker(worker, names: list[str]) -> dict[str, torch.Tensor]:
+    """Runs inside a vLLM worker: the drafter's parameters (vLLM names) for checks."""
+    drafter = worker.model_runner.drafter
+    params = dict(drafter.model.named_parameters())
+    return {n: params[n].detach().cpu().clone() for n in names if n in params}
+
+
+class RolloutEngine:
+    """A vLLM engine for the policy with the chosen speculative method."""
+
+    def __init__(
+        self,
+        model_path: str,
+        spec_config: dict | None,
+        options: EngineOptions,
+        additional_config: dict | None = None,
+        free_cache_engine: bool = True,
+    ):
+        self.spec_config = spec_config
+        self.llm = make_llm(model_path, spec_config, options, additional_config=additional_config)
+        self.tokenizer = self.llm.get_tokenizer()
+        self.can_sleep = free_cache_engine and on_gpu()
+        self._request_counter = 0
+        if free_cache_engine and not self.can_sleep:
+            logger.info("rollout.free_cache_engine: vLLM sleep mode needs a GPU; the CPU engine stays resident")
+
+    def generate(self, prompts: list[list[int]], n: int, sampling: dict, progress: bool = False) -> RolloutResult:
+        """``n`` samples for each prompt (token ids); one timeline entry per engine step."""
+        from tqdm import tqdm
+        from vllm import SamplingParams, TokensPrompt
+
+        engine = self.llm.llm_engine
+        params = SamplingParams(n=1, **sampling)
+        owner: dict[str, int] = {}
+        for p_i, ids in enumerate(prompts):
+            for _ in range(n):
+                rid = f"r{self._request_counter}"
+                self._request_counter += 1
+                owner[rid] = p_i
+                engine.add_request(rid, TokensPrompt(prompt_token_ids=list(ids)), params)
+        timeline = RolloutTimeline(num_requests=len(owner))
+        emitted: dict[str, int] = dict.fromkeys(owner, 0)
+        finished: dict[str, Any] = {}
+        spec_before = spec_counters(self.llm)
+        bar = tqdm(total=len(owner), desc="rollout", disable=not progress, leave=False, dynamic_ncols=True)
+        start = time.perf_counter()
+        while engine.has_unfinished_requests():
+            active = engine.get_num_unfinished_requests()
+            t0 = time.perf_counter()
+            outputs = engine.step()
+            t1 = time.perf_counter()
+            new_tokens = 0
+            stepped = 0
+            for out in outputs:
+                total = len(out.outputs[0].token_ids)
+                if total > emitted[out.request_id]:
+                    stepped += 1
+                    new_tokens += total - emitted[out.request_id]
+                    emitted[out.request_id] = total
+                if out.finished:
+                    finished[out.request_id] = out
+                    timeline.finish(out.request_id, total, t1 - start)
+                    bar.update(1)
+            spec_now = spec_counters(self.llm) if self.spec_config is not None else spec_before
+            timeline.step(t0 - start, t1 - t0, active, stepped, new_tokens, spec_now - spec_before)
+        bar.close()
+        responses = []
+        for rid, p_i in owner.items():
+            comp = finished[rid].outputs[0]
+            responses.append(Response(p_i, list(prompts[p_i]), list(comp.token_ids), comp.text, comp.finish_reason))
+        return RolloutResult(responses, timeline, spec_counters(self.llm) - spec_before)
+
+    def sync_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Push the trained weights (HF names: trunk and MTP layers) into every worker's model and drafter."""
+        from safetensors.torch import save
+
+        layers = self.llm.llm_engine.vllm_config.model_config.hf_config.num_hidden_layers
+        hf = {name: t.detach().to("cpu") for name, t in state_dict.items()}
+        payload = save({k: v.contiguous() for k, v in to_vllm_names(hf, layers).items()})
+        self.llm.collective_rpc(_load_weights_on_worker, args=(payload,))
+        self.llm.reset_prefix_cache()
+
+    def drafter_state(self, names: list[str]) -> dict[str, torch.Tensor]:
+        return self.llm.collective_rpc(_drafter_state_on_worker, args=(names,))[0]
+
+    def sleep(self) -> None:
+        if self.can_sleep:
+            self.llm.sleep(level=1)
+
+    def wake_up(self) -> None:
+        if self.can_sleep:
+            self.llm.wake_up()
+
+    @staticmethod
+    def lengths(result: RolloutResult) -> np.ndarray:
+        return np.array([len(r.token_ids) for r in result.responses])

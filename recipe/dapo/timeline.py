@@ -1,0 +1,101 @@
+"""Rollout timeline: what the engine did at every step, and the long-tail metrics derived from it.
+
+Per engine step: start time, duration, active requests, requests that emitted tokens, tokens emitted, and
+the speculative counters (drafts, draft tokens, accepted tokens). Per request: its length and finish time.
+The long tail is the part of a rollout where at most ``tail_threshold`` requests are active (the Ascend SAM
+article's definition); slime's long-tail figure is the longest sample's tokens over the rollout time.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+
+@dataclass
+class StepRecord:
+    start_s: float
+    duration_s: float
+    active: int  # unfinished requests when the step began
+    stepped: int  # requests that emitted tokens in this step
+    tokens: int  # tokens emitted in this step (accepted drafts + one per stepped request)
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+
+
+@dataclass
+class RolloutTimeline:
+    num_requests: int
+    steps: list[StepRecord] = field(default_factory=list)
+    finishes: dict[str, tuple[int, float]] = field(default_factory=dict)  # request -> (length, finish time)
+    _last_spec: tuple[int, int, int] = (0, 0, 0)
+
+    def step(self, start_s: float, duration_s: float, active: int, stepped: int, tokens: int, spec_total) -> None:
+        """Record one engine step; ``spec_total`` is the cumulative SpecCounters since the rollout began."""
+        total = (spec_total.num_drafts, spec_total.num_draft_tokens, spec_total.num_accepted_tokens)
+        delta = [a - b for a, b in zip(total, self._last_spec, strict=True)]
+        self._last_spec = total
+        self.steps.append(StepRecord(start_s, duration_s, active, stepped, tokens, *delta))
+
+    def finish(self, request_id: str, length: int, time_s: float) -> None:
+        self.finishes[request_id] = (length, time_s)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        keys = StepRecord.__dataclass_fields__
+        return {k: np.array([getattr(s, k) for s in self.steps], dtype=float) for k in keys}
+
+    def summary(self, tail_threshold: int) -> dict[str, float]:
+        """Throughput overall and in the long tail, acceptance, time share of the tail."""
+        if not self.steps:
+            return {}
+        a = self.arrays()
+        total_time = float(a["duration_s"].sum())
+        tokens = float(a["tokens"].sum())
+        tail = a["active"] <= tail_threshold
+        tail_time = float(a["duration_s"][tail].sum())
+        tail_tokens = float(a["tokens"][tail].sum())
+        lengths = np.array([length for length, _ in self.finishes.values()]) if self.finishes else np.zeros(1)
+
+        def accept_len(mask: np.ndarray) -> float:
+            stepped = a["stepped"][mask].sum()
+            return float(a["tokens"][mask].sum() / stepped) if stepped else 0.0
+
+        return {
+            "rollout_time_s": total_time,
+            "tokens": tokens,
+            "throughput_tok_s": tokens / total_time if total_time else 0.0,
+            "tail_throughput_tok_s": tail_tokens / tail_time if tail_time else 0.0,
+            "tail_time_share": tail_time / total_time if total_time else 0.0,
+            "tail_tokens_share": tail_tokens / tokens if tokens else 0.0,
+            "longest_sample_tok_s": float(lengths.max()) / total_time if total_time else 0.0,
+            "tokens_per_request_step": accept_len(np.ones_like(tail)),
+            "tail_tokens_per_request_step": accept_len(tail),
+            "engine_steps": float(len(self.steps)),
+            "spec_accept_length": 1.0 + a["accepted_tokens"].sum() / a["drafts"].sum() if a["drafts"].sum() else 1.0,
+            "tail_spec_accept_length": (
+                1.0 + a["accepted_tokens"][tail].sum() / a["drafts"][tail].sum() if a["drafts"][tail].sum() else 1.0
+            ),
+            "spec_draft_acceptance_rate": a["accepted_tokens"].sum() / a["draft_tokens"].sum() if a["draft_tokens"].sum() else 0.0,
+        }
+
+    def to_json(self) -> dict:
+        return {
+            "num_requests": self.num_requests,
+            "steps": [asdict(s) for s in self.steps],
+            "finishes": {k: list(v) for k, v in self.finishes.items()},
+        }
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_json()))
+
+    @classmethod
+    def load(cls, path: str | Path) -> RolloutTimeline:
+        d = json.loads(Path(path).read_text())
+        tl = cls(num_requests=d["num_requests"])
+        tl.steps = [StepRecord(**s) for s in d["steps"]]
+        tl.finishes = {k: (int(v[0]), float(v[1])) for k, v in d["finishes"].items()}
+        return tl

@@ -1,0 +1,425 @@
+"""The DAPO loop of the local backend (one machine, CPU or one GPU).
+
+Per step: generation rounds of ``gen_batch_size`` prompts x ``n`` samples on the vLLM engine, DAPO reward
+(veRL's DAPORewardManager: math_dapo rule score + overlong buffer), dynamic filtering of zero-variance
+groups until ``train_batch_size`` groups are kept, GRPO advantage and the DAPO policy loss from
+``verl.trainer.ppo.core_algos`` (clip-higher, token-mean) on the in-process torch policy, the online MTP
+loss when ``spec.mtp.train=online``, then the weights (trunk and MTP layer) are synced into the engine.
+Metrics use veRL's names and go through ``verl.utils.tracking.Tracking``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import random
+import shutil
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from mtp.checkpoint import load_checkpoint, save_checkpoint
+from recipe.dapo.batch import RewardFunction, build_batch, kept_groups, select_groups
+from recipe.dapo.data import PromptStream, load_prompts
+from recipe.dapo.policy import forward_rows
+from recipe.dapo.rollout import RolloutEngine
+from recipe.engine import EngineOptions, speculative_config
+from recipe.evaluate import evaluate
+
+logger = logging.getLogger(__name__)
+
+LATEST_FILE = "latest_checkpointed_iteration.txt"  # veRL's name for the resume pointer
+
+
+class TrainingDataExhaustedWarning(UserWarning):
+    """Dynamic filtering hit max_num_gen_batches before train_batch_size groups were kept."""
+
+
+@contextlib.contextmanager
+def timed(timing: dict[str, float], name: str):
+    start = time.perf_counter()
+    yield
+    timing[name] = timing.get(name, 0.0) + time.perf_counter() - start
+
+
+def spec_from_config(spec: DictConfig) -> tuple[dict | None, dict | None]:
+    """vLLM speculative_config and additional_config for the ``spec`` group."""
+    opts = {k: v for k, v in OmegaConf.to_container(spec, resolve=True).items() if k in ("prompt_lookup_min", "prompt_lookup_max")}
+    k = int(spec.num_speculative_tokens)
+    cfg = speculative_config(str(spec.method), k, **opts) if spec.method != "off" else None
+    extra = {"sam": OmegaConf.to_container(spec.sam, resolve=True)} if spec.method == "sam" else None
+    return cfg, extra
+
+
+def _reseed_worker(worker, seed: int) -> None:
+    """Runs in each vLLM worker: reseed the sampler's generator so every round is reproducible."""
+    torch.manual_seed(seed)
+
+
+def _sam_state_on_worker(worker, state=None):
+    """Runs in a vLLM worker: get (state=None) or set the SAM proposer's cross-rollout memory."""
+    drafter = worker.model_runner.drafter
+    if state is None:
+        return drafter.state_dict()
+    drafter.load_state_dict(state)
+    return None
+
+
+class DAPOTrainer:
+    def __init__(self, cfg: DictConfig, model_path: str, train_file: str, val_file: str):
+        self.cfg = cfg
+        tr = cfg.trainer
+        self.out_dir = Path(tr.default_local_dir)
+        self.ckpt_dir = self.out_dir / "checkpoints"
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.seed = int(tr.seed)
+        self._seed_everything(self.seed)
+        self.spec_method = str(cfg.spec.method)
+        self.mtp_online = self.spec_method == "mtp" and cfg.spec.mtp.train == "online"
+
+        self.policy = load_checkpoint(model_path, dtype=torch.float32).train()
+        for p in self.policy.model.mtp_layers.parameters():
+            p.requires_grad_(self.mtp_online)
+        actor = cfg.actor_rollout_ref.actor
+        self.optimizer = torch.optim.AdamW(
+            [p for p in self.policy.parameters() if p.requires_grad],
+            lr=actor.optim.lr,
+            betas=tuple(actor.optim.betas),
+            weight_decay=actor.optim.weight_decay,
+        )
+        from verl.trainer.ppo.core_algos import get_policy_loss_fn
+        from verl.workers.config import ActorConfig
+
+        self.policy_loss_fn = get_policy_loss_fn("vanilla")
+        self.actor_cfg = ActorConfig(
+            strategy="fsdp",
+            clip_ratio_low=actor.clip_ratio_low,
+            clip_ratio_high=actor.clip_ratio_high,
+            clip_ratio_c=actor.clip_ratio_c,
+            loss_agg_mode=actor.loss_agg_mode,
+            ppo_mini_batch_size=actor.ppo_mini_batch_size,
+            ppo_micro_batch_size_per_gpu=actor.ppo_micro_batch_size_per_gpu,
+            rollout_n=cfg.actor_rollout_ref.rollout.n,
+        )
+
+        ro = cfg.actor_rollout_ref.rollout
+        spec_cfg, extra = spec_from_config(cfg.spec)
+        data = cfg.data
+        options = EngineOptions(
+            max_model_len=data.max_prompt_length + data.max_response_length,
+            max_num_seqs=ro.max_num_seqs,
+            gpu_memory_utilization=ro.gpu_memory_utilization,
+            enforce_eager=ro.enforce_eager,
+            seed=self.seed,
+        )
+        self.engine = RolloutEngine(model_path, spec_cfg, options, extra, free_cache_engine=ro.free_cache_engine)
+        self.tokenizer = self.engine.tokenizer
+        problems, prompt_ids = load_prompts(train_file, self.tokenizer, data.max_prompt_length)
+        self.stream = PromptStream(problems, prompt_ids, self.seed, data.shuffle)
+        self.val_problems, _ = load_prompts(val_file, self.tokenizer, data.max_prompt_length, max_rows=data.val_max_samples)
+        self.reward = RewardFunction(self.tokenizer, cfg.reward_model, data.max_response_length)
+        self.sampling = {"temperature": ro.temperature, "top_p": ro.top_p, "max_tokens": data.max_response_length}
+        self.global_step = 0
+        self.tracking = self._make_tracking()
+
+    # -- set-up ---------------------------------------------------------------------------------------
+
+    def _seed_everything(self, seed: int) -> None:
+        random.seed(seed)
+        np.random.seed(seed % (2**32))
+        torch.manual_seed(seed)
+
+    def _make_tracking(self):
+        from verl.utils.tracking import Tracking
+
+        backends = list(self.cfg.trainer.logger)
+        if "wandb" in backends and not os.environ.get("WANDB_API_KEY") and not Path.home().joinpath(".netrc").exists():
+            os.environ.setdefault("WANDB_MODE", "offline")
+        os.environ["VERL_FILE_LOGGER_PATH"] = str(self.out_dir / f"tracking_from_step_{self.global_step}.jsonl")
+        os.environ.setdefault("WANDB_DIR", str(self.out_dir))
+        return Tracking(
+            project_name=self.cfg.trainer.project_name,
+            experiment_name=self.cfg.trainer.experiment_name,
+            default_backend=backends,
+            config=OmegaConf.to_container(self.cfg, resolve=True),
+        )
+
+    # -- checkpoints ----------------------------------------------------------------------------------
+
+    def save(self) -> Path:
+        """``checkpoints/global_step_N/``: fp32 HF policy, optimizer, cursor, RNG and drafter memory."""
+        path = self.ckpt_dir / f"global_step_{self.global_step}"
+        tmp = path.with_name(path.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        save_checkpoint(self.policy, self.tokenizer, tmp / "actor", dtype=torch.float32)
+        state = {
+            "global_step": self.global_step,
+            "optimizer": self.optimizer.state_dict(),
+            "cursor": (self.stream.cursor.epoch, self.stream.cursor.position),
+            "torch_rng": torch.get_rng_state(),
+            "numpy_rng": np.random.get_state(),
+            "python_rng": random.getstate(),
+            "sam_state": self.engine.llm.collective_rpc(_sam_state_on_worker)[0] if self.spec_method == "sam" else None,
+        }
+        torch.save(state, tmp / "trainer_state.pt")
+        shutil.rmtree(path, ignore_errors=True)
+        tmp.rename(path)
+        latest = self.ckpt_dir / LATEST_FILE
+        latest.with_suffix(".tmp").write_text(str(self.global_step))
+        latest.with_suffix(".tmp").replace(latest)
+        return path
+
+    def try_resume(self) -> bool:
+        latest = self.ckpt_dir / LATEST_FILE
+        if self.cfg.trainer.resume != "auto" or not latest.is_file():
+            return False
+        step = int(latest.read_text().strip())
+        path = self.ckpt_dir / f"global_step_{step}"
+        resumed = load_checkpoint(path / "actor", dtype=torch.float32)
+        self.policy.load_state_dict(resumed.state_dict())
+        state = torch.load(path / "trainer_state.pt", weights_only=False)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.stream.cursor.epoch, self.stream.cursor.position = state["cursor"]
+        torch.set_rng_state(state["torch_rng"])
+        np.random.set_state(state["numpy_rng"])
+        random.setstate(state["python_rng"])
+        if state.get("sam_state") is not None and self.spec_method == "sam":
+            self.engine.llm.collective_rpc(_sam_state_on_worker, args=(state["sam_state"],))
+        self.global_step = state["global_step"]
+        history = self.out_dir / "metrics.jsonl"
+        if history.is_file():  # drop what the killed run logged after its last checkpoint
+            lines = [x for x in history.read_text().splitlines() if json.loads(x)["step"] <= self.global_step]
+            history.write_text("".join(x + "\n" for x in lines))
+        self.tracking = self._make_tracking()
+        logger.info("resumed from %s (step %d)", path, self.global_step)
+        return True
+
+    # -- one step -------------------------------------------------------------------------------------
+
+    def collect(self, timing: dict[str, float]) -> tuple[object, dict[str, float]]:
+        """Generation rounds with DAPO dynamic filtering until ``train_batch_size`` groups are kept."""
+        from verl import DataProto
+
+        cfg = self.cfg
+        fg = cfg.algorithm.filter_groups
+        n = cfg.actor_rollout_ref.rollout.n
+        want = cfg.data.train_batch_size
+        metric = fg.metric or "acc"
+        kept_batch, kept = None, 0
+        rounds: list[dict] = []
+        scores_all = []
+        while True:
+            r = len(rounds) + 1
+            problems, prompt_ids = self.stream.next(cfg.data.gen_batch_size)
+            uids = [f"s{self.global_step}r{r}p{i}" for i in range(len(problems))]
+            self.engine.llm.collective_rpc(_reseed_worker, args=(hash((self.seed, self.global_step, r)) % (2**31),))
+            start = time.perf_counter()
+            with timed(timing, "gen"):
+                result = self.engine.generate(prompt_ids, n, self.sampling, progress=bool(cfg.trainer.progress_bar))
+            gen_s = time.perf_counter() - start
+            with timed(timing, "reward"):
+                batch = build_batch(result.responses, problems, uids, self.tokenizer.pad_token_id, cfg.data.max_response_length)
+                self.reward(batch)
+            scores_all.append(batch.non_tensor_batch["score"].astype(float))
+            keep = kept_groups(batch, metric) if fg.enable else list(dict.fromkeys(uids))
+            tl = result.timeline.summary(self._tail_threshold())
+            rounds.append({"gen_s": gen_s, "kept": len(keep), "groups": len(problems), **tl})
+            self._save_timeline(result.timeline, r)
+            if keep:
+                batch = select_groups(batch, keep)
+                kept_batch = batch if kept_batch is None else DataProto.concat([kept_batch, batch])
+                kept += len(keep)
+            if not fg.enable or kept >= want:
+                break
+            if fg.max_num_gen_batches > 0 and r >= fg.max_num_gen_batches:
+                if fg.on_exhausted == "error":
+                    raise ValueError(
+                        f"num_gen_batches={r} >= max_num_gen_batches={fg.max_num_gen_batches} with {kept} of "
+                        f"{want} groups kept. Please check if your data are too difficult. You could also try "
+                        "set algorithm.filter_groups.max_num_gen_batches=0 to enable endless trials."
+                    )
+                warnings.warn(
+                    f"step {self.global_step}: kept {kept} of {want} groups after {r} generation rounds "
+                    f"(algorithm.filter_groups.max_num_gen_batches); training on what was kept",
+                    TrainingDataExhaustedWarning,
+                    stacklevel=2,
+                )
+                break
+        if kept_batch is not None and kept > want:
+            kept_batch = kept_batch[: want * n]
+        stats = self._round_metrics(rounds, np.concatenate(scores_all))
+        return kept_batch, stats
+
+    def _tail_threshold(self) -> int:
+        return int(self.cfg.spec.sam.batch_threshold) if self.spec_method == "sam" else 8
+
+    def _save_timeline(self, timeline, round_index: int) -> None:
+        folder = self.out_dir / "timelines"
+        folder.mkdir(exist_ok=True)
+        timeline.save(folder / f"step_{self.global_step:05d}_round_{round_index}.json")
+
+    def _round_metrics(self, rounds: list[dict], scores: np.ndarray) -> dict[str, float]:
+        tokens = sum(r["tokens"] for r in rounds)
+        time_s = sum(r["rollout_time_s"] for r in rounds)
+        tail_time = sum(r["rollout_time_s"] * r["tail_time_share"] for r in rounds)
+        tail_tokens = sum(r["tokens"] * r["tail_tokens_share"] for r in rounds)
+        m = {
+            "train/num_gen_batches": len(rounds),
+            "train/num_kept_groups": sum(r["kept"] for r in rounds),
+            "train/num_generated_groups": sum(r["groups"] for r in rounds),
+            "train/gen_score_mean": float(scores.mean()),
+            "rollout/throughput_tok_s": tokens / time_s if time_s else 0.0,
+            "rollout/tail_throughput_tok_s": tail_tokens / tail_time if tail_time else 0.0,
+            "rollout/tail_time_share": tail_time / time_s if time_s else 0.0,
+            "rollout/longest_sample_tok_s": float(np.mean([r["longest_sample_tok_s"] for r in rounds])),
+            "rollout/tokens_per_request_step": float(np.mean([r["tokens_per_request_step"] for r in rounds])),
+            "rollout/tail_tokens_per_request_step": float(np.mean([r["tail_tokens_per_request_step"] for r in rounds])),
+            "rollout/spec_accept_length": float(np.mean([r["spec_accept_length"] for r in rounds])),
+            "rollout/tail_spec_accept_length": float(np.mean([r["tail_spec_accept_length"] for r in rounds])),
+            "rollout/spec_draft_acceptance_rate": float(np.mean([r["spec_draft_acceptance_rate"] for r in rounds])),
+            "timing_s/gen_round_mean": float(np.mean([r["gen_s"] for r in rounds])),
+        }
+        for i, r in enumerate(rounds):
+            m[f"timing_s/gen_round_{i + 1}"] = r["gen_s"]
+        return m
+
+    def update(self, batch, timing: dict[str, float]) -> dict[str, float]:
+        """GRPO advantage + DAPO policy loss (+ online MTP loss), one pass of mini-batches per ppo epoch."""
+        from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
+
+        cfg = self.cfg
+        actor = cfg.actor_rollout_ref.actor
+        temperature = cfg.actor_rollout_ref.rollout.temperature
+        n = cfg.actor_rollout_ref.rollout.n
+        micro = actor.ppo_micro_batch_size_per_gpu
+        with timed(timing, "old_log_prob"):
+            olds = [forward_rows(self.policy, batch[i : i + micro], temperature, with_mtp=False, grad=False).log_probs
+                    for i in range(0, len(batch), micro)]  # fmt: skip
+            batch.batch["old_log_probs"] = torch.cat(olds)
+        with timed(timing, "adv"):
+            adv, returns = compute_grpo_outcome_advantage(
+                batch.batch["token_level_rewards"],
+                batch.batch["response_mask"],
+                batch.non_tensor_batch["uid"],
+                norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo,
+            )
+            batch.batch["advantages"], batch.batch["returns"] = adv, returns
+        sums: dict[str, list[float]] = {}
+        mini_rows = actor.ppo_mini_batch_size * n
+        with timed(timing, "update_actor"):
+            for _ in range(actor.ppo_epochs):
+                for m0 in range(0, len(batch), mini_rows):
+                    mini = batch[m0 : m0 + mini_rows]
+                    tokens = int(mini.batch["response_mask"].sum())
+                    self.actor_cfg.global_batch_info.update(dp_size=1, batch_num_tokens=tokens, global_batch_size=len(mini))
+                    self.optimizer.zero_grad(set_to_none=True)
+                    for u0 in range(0, len(mini), micro):
+                        mb = mini[u0 : u0 + micro]
+                        out = forward_rows(self.policy, mb, temperature, with_mtp=self.mtp_online)
+                        mask = mb.batch["response_mask"]
+                        pg_loss, pg_metrics = self.policy_loss_fn(
+                            old_log_prob=mb.batch["old_log_probs"],
+                            log_prob=out.log_probs,
+                            advantages=mb.batch["advantages"],
+                            response_mask=mask,
+                            loss_agg_mode=actor.loss_agg_mode,
+                            config=self.actor_cfg,
+                        )
+                        loss = pg_loss
+                        share = float(mask.sum()) / max(1, tokens)
+                        if self.mtp_online:
+                            loss = loss + cfg.spec.mtp.loss_scaling_factor * out.mtp_loss * share
+                            sums.setdefault("mtp/loss", []).append(out.mtp_loss.item())
+                            sums.setdefault("mtp/acc", []).append(out.mtp_acc.item())
+                        loss.backward()
+                        sums.setdefault("actor/pg_loss", []).append(pg_loss.item())
+                        sums.setdefault("actor/entropy", []).append(float((out.entropy * mask).sum() / mask.sum().clamp(min=1)))
+                        for k, v in pg_metrics.items():
+                            sums.setdefault(k, []).append(float(v))
+                    grad_norm = torch.nn.utils.clip_grad_norm_(
+                        [p for p in self.policy.parameters() if p.requires_grad], actor.grad_clip
+                    )
+                    sums.setdefault("actor/grad_norm", []).append(float(grad_norm))
+                    self.optimizer.step()
+        metrics = {k: float(np.mean(v)) for k, v in sums.items()}
+        metrics["actor/lr"] = actor.optim.lr
+        return metrics
+
+    def mtp_eval(self, batch) -> dict[str, float]:
+        """MTP loss and top-1 accuracy of the (possibly frozen) head on this step's responses."""
+        if self.spec_method != "mtp":
+            return {}
+        micro = self.cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu
+        temperature = self.cfg.actor_rollout_ref.rollout.temperature
+        losses, accs = [], []
+        for i in range(0, len(batch), micro):
+            out = forward_rows(self.policy, batch[i : i + micro], temperature, with_mtp=True, grad=False)
+            losses.append(out.mtp_loss.item())
+            accs.append(out.mtp_acc.item())
+        return {"mtp/head_loss": float(np.mean(losses)), "mtp/head_acc": float(np.mean(accs))}
+
+    def validate(self) -> dict[str, float]:
+        res = evaluate(self.engine.llm, self.val_problems, n=1, temperature=0.0, max_tokens=self.cfg.data.max_response_length)
+        source = self.val_problems[0].data_source
+        return {f"val-core/{source}/acc/mean@1": res.pass_at_1, f"val-aux/{source}/response_length/mean": res.mean_response_tokens}
+
+    def fit(self) -> list[dict]:
+        from verl.trainer.ppo.metric_utils import (
+            compute_data_metrics,
+            compute_throughout_metrics,
+            compute_timing_metrics,
+        )
+
+        tr = self.cfg.trainer
+        resumed = self.try_resume()
+        self.engine.sync_weights(self.policy.state_dict())
+        history_path = self.out_dir / "metrics.jsonl"
+        if not resumed:
+            history_path.write_text("")
+        history = [json.loads(x) for x in history_path.read_text().splitlines()]
+        total = int(tr.total_training_steps)
+        from tqdm import tqdm
+
+        bar = tqdm(range(self.global_step + 1, total + 1), desc="dapo", disable=not tr.progress_bar, dynamic_ncols=True)
+        for step in bar:
+            self.global_step = step
+            timing: dict[str, float] = {}
+            metrics: dict[str, float] = {}
+            with timed(timing, "step"):
+                batch, round_metrics = self.collect(timing)
+                metrics.update(round_metrics)
+                if batch is None:
+                    warnings.warn(f"step {step}: no group with reward variance; skipping the update", TrainingDataExhaustedWarning, stacklevel=2)
+                else:
+                    metrics.update(self.mtp_eval(batch))
+                    self.engine.sleep()
+                    metrics.update(self.update(batch, timing))
+                    self.engine.wake_up()
+                    with timed(timing, "update_weights"):
+                        self.engine.sync_weights(self.policy.state_dict())
+                if (tr.test_freq > 0 and step % tr.test_freq == 0) or step == total:
+                    with timed(timing, "testing"):
+                        metrics.update(self.validate())
+            if batch is not None:
+                metrics.update(compute_data_metrics(batch, use_critic=False))
+                metrics.update(compute_timing_metrics(batch, timing))
+                metrics.update(compute_throughout_metrics(batch, timing, n_gpus=1))
+            metrics.update({f"timing_s/{k}": v for k, v in timing.items()})
+            metrics["training/global_step"] = step
+            metrics["training/epoch"] = self.stream.cursor.epoch
+            metrics = {k: float(v) for k, v in metrics.items() if np.isscalar(v)}
+            self.tracking.log(data=metrics, step=step)
+            history.append({"step": step, **metrics})
+            with history_path.open("a") as fh:
+                fh.write(json.dumps({"step": step, **metrics}) + "\n")
+            bar.set_postfix(score=f"{metrics.get('critic/score/mean', float('nan')):.3f}")
+            if (tr.save_freq > 0 and step % tr.save_freq == 0) or step == total:
+                self.save()
+        return history

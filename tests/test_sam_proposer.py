@@ -1,0 +1,164 @@
+"""SAMProposer driven the way vLLM drives a custom_class proposer: one row per running request, no request
+ids, rows reordered and condensed between steps, several verified tokens per step."""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from sam import SuffixAutomaton
+from sam.policy import SAMOptions
+from sam.vllm import SAMProposer
+
+K = 4
+
+
+def make_proposer(**sam_options) -> SAMProposer:
+    cfg = SimpleNamespace(
+        speculative_config=SimpleNamespace(num_speculative_tokens=K),
+        model_config=SimpleNamespace(max_model_len=4096),
+        additional_config={"sam": sam_options},
+    )
+    return SAMProposer(cfg)
+
+
+class Driver:
+    """Feeds requests to the proposer as vLLM's input batch would, shuffling rows every step."""
+
+    def __init__(self, proposer: SAMProposer, requests: dict[str, tuple[list[int], list[int]]], seed: int = 0):
+        self.p = proposer
+        self.requests = requests  # id -> (prompt, full response)
+        self.emitted = {r: 0 for r in requests}
+        self.rows = list(requests)
+        self.rng = np.random.default_rng(seed)
+        self.token_ids = np.zeros((64, 4096), dtype=np.int32)
+        self.num_tokens = np.zeros(64, dtype=np.int32)
+        self.first = True
+
+    def text(self, rid: str) -> list[int]:
+        prompt, response = self.requests[rid]
+        return prompt + response[: self.emitted[rid]]
+
+    def step(self) -> dict[str, list[int]]:
+        self.rng.shuffle(self.rows)
+        sampled = []
+        for i, rid in enumerate(self.rows):
+            prompt, response = self.requests[rid]
+            take = 1 if self.first else int(self.rng.integers(1, K + 2))
+            take = min(take, len(response) - self.emitted[rid])
+            sampled.append(response[self.emitted[rid] : self.emitted[rid] + take])
+            self.emitted[rid] += take
+            t = self.text(rid)
+            self.token_ids[i, : len(t)] = t
+            self.token_ids[i, len(t) : len(t) + 8] = 99999  # stale speculative slots beyond the valid length
+            self.num_tokens[i] = len(t)
+        self.first = False
+        drafts = self.p.propose(sampled, self.num_tokens, self.token_ids)
+        assert len(drafts) == len(self.rows)
+        self.last_rows = list(self.rows)
+        out = dict(zip(self.rows, drafts, strict=True))
+        self.rows = [r for r in self.rows if self.emitted[r] < len(self.requests[r][1])]  # finished rows leave
+        return out
+
+
+def random_requests(rng, n: int, prompts: int = 3) -> dict[str, tuple[list[int], list[int]]]:
+    base = [list(map(int, rng.integers(0, 6, size=rng.integers(3, 9)))) for _ in range(prompts)]
+    motif = list(map(int, rng.integers(0, 6, size=7)))
+    reqs = {}
+    for i in range(n):
+        resp = []
+        while len(resp) < rng.integers(10, 80):
+            resp += motif if rng.random() < 0.5 else list(map(int, rng.integers(0, 6, size=5)))
+        reqs[f"r{i}"] = (base[i % prompts], resp)
+    return reqs
+
+
+def test_rows_are_tracked_through_reordering_and_only_verified_tokens_enter():
+    rng = np.random.default_rng(0)
+    opts = {"group_sharing": False, "cross_epoch": False, "batch_threshold": 100, "min_match": 1}
+    proposer = make_proposer(**opts)
+    drv = Driver(proposer, random_requests(rng, 12))
+    while drv.rows:
+        rows_before = list(drv.rows)
+        drafts = drv.step()
+        for rid in rows_before:
+            text = drv.text(rid)
+            ref = SuffixAutomaton()
+            ref.extend(text)
+            expected = ref.draft(SAMOptions.from_dict(opts).draft_length(ref.match_length, K), 1)
+            assert drafts[rid] == expected, rid
+        live = {id(d) for d in proposer.rows.values()}
+        assert len(live) == len(proposer.rows) == len(rows_before)  # one drafter per running request
+        for i, rid in enumerate(drv.last_rows):
+            assert proposer.rows[i].own.text().tolist() == drv.text(rid)
+    drv.step() if drv.rows else proposer.propose([], drv.num_tokens, drv.token_ids)
+    assert proposer.rows == {}  # finished requests are freed
+    assert proposer.groups.groups == {}
+
+
+def test_batch_size_gate_turns_drafting_on_in_the_tail():
+    rng = np.random.default_rng(1)
+    proposer = make_proposer(batch_threshold=3, group_sharing=False, cross_epoch=False, min_match=1)
+    drv = Driver(proposer, random_requests(rng, 10))
+    saw_gated = saw_drafts = False
+    while drv.rows:
+        active = len(drv.rows)
+        drafts = drv.step()
+        if active > 3:
+            assert all(d == [] for d in drafts.values())
+            saw_gated = True
+        elif any(drafts.values()):
+            saw_drafts = True
+    assert saw_gated and saw_drafts and proposer.gated_steps > 0
+
+
+def test_siblings_draft_from_finished_siblings_and_history_across_rollouts():
+    prompt = [1, 2, 3]
+    answer = list(range(10, 40))
+    filler = list(range(50, 90))
+    proposer = make_proposer(batch_threshold=100, min_match=2, group_sharing=True, cross_epoch=True)
+    # rollout 1: sibling a writes the answer straight away; b writes filler first, then the same answer
+    drv = Driver(proposer, {"a": (prompt, answer), "b": (prompt, filler + answer)})
+    correct_from_sibling = 0
+    while drv.rows:
+        a_done = "a" not in drv.rows
+        drafts = drv.step()
+        if a_done and "b" in drafts and drafts["b"]:
+            upcoming = drv.requests["b"][1][drv.emitted["b"] :]
+            assert drafts["b"] == upcoming[: len(drafts["b"])]  # b has no earlier copy of it: from a
+            correct_from_sibling += 1
+    assert correct_from_sibling >= 3
+    proposer.propose([], drv.num_tokens, drv.token_ids)
+    group = next(iter(proposer.groups.groups.values()))
+    assert group.active == 0 and group.history.num_tokens > 2 * len(answer)
+    # rollout 2 (next epoch): a new sample of the same prompt drafts from history right away
+    drv2 = Driver(proposer, {"c": (prompt, answer)}, seed=5)
+    drafted = 0
+    while drv2.rows:
+        d = drv2.step().get("c", [])
+        upcoming = answer[drv2.emitted["c"] :]
+        assert d == upcoming[: len(d)]
+        drafted += len(d)
+    assert drafted > 10
+
+
+def test_sharing_switches_are_separate():
+    prompt = [1, 2, 3]
+    answer = list(range(10, 40))
+    for sharing, history in ((False, True), (True, False)):
+        proposer = make_proposer(batch_threshold=100, min_match=2, group_sharing=sharing, cross_epoch=history)
+        drv = Driver(proposer, {"a": (prompt, answer)})
+        while drv.rows:
+            drv.step()
+        proposer.propose([], drv.num_tokens, drv.token_ids)
+        if history:
+            assert next(iter(proposer.groups.groups.values())).history.num_tokens > 0
+        else:
+            assert proposer.groups.groups == {}
+
+
+def test_bad_options_are_named():
+    with pytest.raises(ValueError, match="unknown SAM option.*bogus"):
+        make_proposer(bogus=1)
+    with pytest.raises(ValueError, match="min_match"):
+        make_proposer(min_match=0)
