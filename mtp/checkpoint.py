@@ -1,8 +1,14 @@
 """HuggingFace-format MiMo checkpoints: atomic save, validated load.
 
-A checkpoint directory holds ``config.json``, ``model.safetensors``, the tokenizer files and a
-``COMPLETE`` marker written last (after an fsync of everything else), so a crash mid-save leaves a
+A checkpoint directory holds ``config.json``, ``model.safetensors``, the tokenizer under ``tokenizer/``
+and a ``COMPLETE`` marker written last (after an fsync of everything else), so a crash mid-save leaves a
 directory that :func:`is_complete` rejects and the caller rebuilds instead of loading.
+
+Why ``tokenizer/``: transformers 5's ``AutoTokenizer`` picks the tokenizer class registered for the
+config's ``model_type`` (``qwen2`` -> ``Qwen2Tokenizer``), which rebuilds Qwen's pre-tokenizer and ignores
+ours (a space kept with the digit after it). In a directory without ``config.json`` it uses the saved
+``tokenizer.json`` as is. So the tokenizer lives next to the weights, not among them, and every loader
+(vLLM's ``tokenizer=``, veRL's ``model.tokenizer_path``, :func:`load_tokenizer`) points there.
 """
 
 from __future__ import annotations
@@ -21,7 +27,8 @@ from mtp.model import MiMoConfig, MiMoForCausalLM
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 COMPLETE_MARKER = "COMPLETE"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+TOKENIZER_DIR = "tokenizer"
+TOKENIZER_FILES = (f"{TOKENIZER_DIR}/tokenizer.json", f"{TOKENIZER_DIR}/tokenizer_config.json")
 REQUIRED_FILES = (CONFIG_FILE, WEIGHTS_FILE, *TOKENIZER_FILES)
 
 
@@ -53,14 +60,37 @@ def save_checkpoint(
     cfg = model.config.to_hf_dict(extra_config)
     cfg["torch_dtype"] = str(dtype).removeprefix("torch.")
     (tmp / CONFIG_FILE).write_text(json.dumps(cfg, indent=2))
-    tokenizer.save_pretrained(str(tmp))
-    for f in tmp.iterdir():
-        with open(f, "rb") as fh:
-            os.fsync(fh.fileno())
+    save_tokenizer(tokenizer, tmp / TOKENIZER_DIR)
+    for f in tmp.rglob("*"):
+        if f.is_file():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
     (tmp / COMPLETE_MARKER).write_text("ok\n")
     shutil.rmtree(path, ignore_errors=True)
     tmp.rename(path)
     return path
+
+
+def save_tokenizer(tokenizer, path: str | Path) -> None:
+    """``save_pretrained`` with the class pinned to ``PreTrainedTokenizerFast`` (the saved pre-tokenizer,
+    not a model-specific rebuild, is what loads)."""
+    tokenizer.save_pretrained(str(path))
+    cfg_path = Path(path) / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+    cfg_path.write_text(json.dumps(cfg, indent=2))
+
+
+def tokenizer_path(path: str | Path) -> str:
+    """Where a checkpoint's tokenizer is: ``tokenizer/`` for ours, the directory itself for other HF models."""
+    sub = Path(path) / TOKENIZER_DIR
+    return str(sub if (sub / "tokenizer_config.json").is_file() else path)
+
+
+def load_tokenizer(path: str | Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tokenizer_path(path))
 
 
 def read_config(path: str | Path) -> MiMoConfig:

@@ -64,6 +64,8 @@ def make_llm(
     """An in-process ``vllm.LLM`` over ``model`` with the given speculative config, stats enabled."""
     from vllm import LLM
 
+    from mtp.checkpoint import tokenizer_path
+
     options = options or EngineOptions()
     util = options.gpu_memory_utilization
     if util is None:
@@ -73,7 +75,7 @@ def make_llm(
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
     kwargs: dict[str, Any] = dict(
         model=model,
-        tokenizer=model,
+        tokenizer=tokenizer_path(model),
         dtype=options.dtype,
         max_model_len=options.max_model_len,
         max_num_seqs=options.max_num_seqs,

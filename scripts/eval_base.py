@@ -18,7 +18,7 @@ sys.path.insert(0, str(REPO_ROOT))
 
 def main() -> None:
     from omegaconf import OmegaConf
-    from transformers import AutoTokenizer
+    from mtp.checkpoint import load_tokenizer
 
     from recipe.data.loader import load_problems
     from recipe.data.task import length_stats
@@ -38,7 +38,7 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
-    tok = AutoTokenizer.from_pretrained(ckpt)
+    tok = load_tokenizer(ckpt)
     train = load_problems(root / "data" / "train.parquet")
     test = load_problems(root / "data" / "test.parquet")
     data_lengths = [len(tok(p.solution, add_special_tokens=False)["input_ids"]) + 1 for p in train]

@@ -43,9 +43,9 @@ class Setting:
 
 
 def prompt_ids(model: str, messages: list[dict] = DEFAULT_PROMPT) -> list[int]:
-    from transformers import AutoTokenizer
+    from mtp.checkpoint import load_tokenizer
 
-    tok = AutoTokenizer.from_pretrained(model)
+    tok = load_tokenizer(model)
     text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     return tok(text, add_special_tokens=False)["input_ids"]
 
@@ -61,9 +61,11 @@ def _pad(rows: list[list[int]], length: int) -> np.ndarray:
 def sample_hf(model: str, setting: Setting, n: int, max_tokens: int, seed: int, batch: int = 500) -> np.ndarray:
     """``n`` samples from transformers' ``generate`` (float32), as an [n, max_tokens] array."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
-    tok = AutoTokenizer.from_pretrained(model)
+    from mtp.checkpoint import load_tokenizer
+
+    tok = load_tokenizer(model)
     lm = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
     ids = torch.tensor([prompt_ids(model)])
     torch.manual_seed(seed)

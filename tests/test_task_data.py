@@ -74,15 +74,19 @@ def test_tokenizer_round_trips_and_loads_with_autotokenizer(tmp_path):
 
     from recipe.data.tokenizer import train_tokenizer
 
+    from mtp.checkpoint import save_tokenizer
+
     rows = generate_rows(500, seed=0, split="train")
     texts = [r["extra_info"]["solution"] for r in rows] + [r["prompt"][0]["content"] for r in rows]
-    train_tokenizer(texts, vocab_size=300).save_pretrained(str(tmp_path))
+    trained = train_tokenizer(texts, vocab_size=300)
+    save_tokenizer(trained, tmp_path)
     tok = AutoTokenizer.from_pretrained(str(tmp_path))
     for text in texts[:50]:
         ids = tok(text, add_special_tokens=False)["input_ids"]
+        assert ids == trained(text, add_special_tokens=False)["input_ids"]  # loads as it was trained
         assert tok.decode(ids) == text
-    digits = tok.convert_ids_to_tokens(tok("1234", add_special_tokens=False)["input_ids"])
-    assert digits == ["1", "2", "3", "4"]
+    digits = tok.convert_ids_to_tokens(tok("1234 56", add_special_tokens=False)["input_ids"])
+    assert digits == ["1", "2", "3", "4", "Ġ5", "6"]
     chat = tok.apply_chat_template(rows[0]["prompt"], add_generation_prompt=True, tokenize=False)
     assert chat.endswith("<|im_start|>assistant\n")
     assert tok.eos_token == "<|im_end|>" and np.isscalar(tok.eos_token_id)

@@ -77,7 +77,11 @@ def _load_weights_on_worker(worker, payload: bytes) -> tuple[int, int]:
         for name, param in module.named_parameters():
             if name not in weights:
                 raise KeyError(f"weight sync: no tensor for vLLM parameter {name}")
-            param.data.copy_(weights[name].to(param.dtype))
+            tensor = weights[name]
+            if param.shape[1:] == tensor.shape[1:] and param.shape[0] >= tensor.shape[0]:
+                param.data[: tensor.shape[0]].copy_(tensor.to(param.dtype))  # vLLM pads the vocab dimension
+            else:
+                raise ValueError(f"weight sync: {name} has shape {tuple(param.shape)}, got {tuple(tensor.shape)}")
             n += 1
         counts.append(n)
     return counts[0], counts[1] if len(counts) > 1 else 0

@@ -11,7 +11,6 @@ works unchanged.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from pathlib import Path
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
@@ -55,7 +54,3 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenize
     )
     hf.chat_template = CHAT_TEMPLATE
     return hf
-
-
-def save_tokenizer(tokenizer: PreTrainedTokenizerFast, out_dir: str | Path) -> None:
-    tokenizer.save_pretrained(str(out_dir))
