@@ -51,7 +51,9 @@ class EvalResult:
         }
 
 
-def evaluate(llm, problems: list[Problem], n: int, temperature: float, max_tokens: int, top_p: float = 1.0) -> EvalResult:
+def evaluate(
+    llm, problems: list[Problem], n: int, temperature: float, max_tokens: int, top_p: float = 1.0
+) -> EvalResult:
     """Sample ``n`` responses per problem and score them; spec counters are the delta over this call.
 
     Randomness comes from the engine's seed: per-request seeds crash vLLM CPU (0.28) when a prefill is

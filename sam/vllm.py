@@ -53,7 +53,9 @@ class SAMProposer:
 
     def state_dict(self) -> dict:
         """Cross-rollout memory (each prompt's history responses), for trainer checkpoints."""
-        return {key: [r.copy() for r in g.history.responses] for key, g in self.groups.groups.items() if g.history.responses}
+        return {
+            key: [r.copy() for r in g.history.responses] for key, g in self.groups.groups.items() if g.history.responses
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.groups = GroupStore(self.options)

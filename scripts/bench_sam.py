@@ -207,8 +207,14 @@ def main() -> None:
     rows = generate_rows(400, seed=123, split="train")
     tok = train_tokenizer([r["extra_info"]["solution"] for r in rows] + [r["prompt"][0]["content"] for r in rows], 320)
     by_prompt = [r for r in rows if len(r["extra_info"]["solution"]) > 200][: 20 if args.quick else 60]
-    traces = [np.asarray(tok(r["extra_info"]["solution"], add_special_tokens=False)["input_ids"], dtype=np.int32) for r in by_prompt]
-    prompts = [np.asarray(tok(r["prompt"][0]["content"], add_special_tokens=False)["input_ids"], dtype=np.int32) for r in by_prompt]
+    traces = [
+        np.asarray(tok(r["extra_info"]["solution"], add_special_tokens=False)["input_ids"], dtype=np.int32)
+        for r in by_prompt
+    ]
+    prompts = [
+        np.asarray(tok(r["prompt"][0]["content"], add_special_tokens=False)["input_ids"], dtype=np.int32)
+        for r in by_prompt
+    ]
     corpus = stdlib_tokens(60_000 if args.quick else 200_000)
     chunks = [corpus[i : i + 4000] for i in range(0, corpus.size, 4000)]
     acceptance = {
@@ -216,27 +222,53 @@ def main() -> None:
         "python_stdlib_bytes": teacher_forced(chunks),
     }
     print(json.dumps(acceptance, indent=1))
-    (out / "bench_sam.json").write_text(json.dumps({"step_cost": cost, "ingest": ing, "teacher_forced": acceptance}, indent=2))
+    (out / "bench_sam.json").write_text(
+        json.dumps({"step_cost": cost, "ingest": ing, "teacher_forced": acceptance}, indent=2)
+    )
     write_tables(out, cost, ing, acceptance)
 
 
 def write_tables(out: Path, cost: list[dict], ing: dict, acceptance: dict) -> None:
     have_arctic = "arctic_suffix_ms" in cost[0]
-    head = "| context | batch | SAM ms/step | vLLM ngram ms/step |" + (" Arctic suffix ms/step |" if have_arctic else "") + " ngram / SAM |"
-    lines = ["# SAM drafter benchmarks", "", "Produced by `.venv/bin/python scripts/bench_sam.py` (one run, side by side).", "",
-             "## Proposer cost per decode step (median)", "", head, "|" + "---|" * (head.count("|") - 1)]
+    head = (
+        "| context | batch | SAM ms/step | vLLM ngram ms/step |"
+        + (" Arctic suffix ms/step |" if have_arctic else "")
+        + " ngram / SAM |"
+    )
+    lines = [
+        "# SAM drafter benchmarks",
+        "",
+        "Produced by `.venv/bin/python scripts/bench_sam.py` (one run, side by side).",
+        "",
+        "## Proposer cost per decode step (median)",
+        "",
+        head,
+        "|" + "---|" * (head.count("|") - 1),
+    ]
     csv = ["context,batch,sam_ms,vllm_ngram_ms,arctic_suffix_ms,ngram_over_sam"]
     for r in cost:
         arctic = f" {r['arctic_suffix_ms']:.3f} |" if have_arctic else ""
-        lines.append(f"| {r['context']} | {r['batch']} | {r['sam_ms']:.3f} | {r['vllm_ngram_ms']:.3f} |{arctic} {r['ngram_over_sam']:.1f}x |")
-        csv.append(f"{r['context']},{r['batch']},{r['sam_ms']:.4f},{r['vllm_ngram_ms']:.4f},{r.get('arctic_suffix_ms', '')},{r['ngram_over_sam']:.2f}")
-    lines += ["", f"Ingest: {ing['tokens_per_s'] / 1e6:.2f} M tokens/s into one automaton ({ing['tokens']} tokens), "
-              f"{ing['bytes_per_token']:.0f} bytes per token of text.", "",
-              "## Teacher-forced acceptance (draft at every position, K=4)", "",
-              "| corpus | drafter | accepted tokens / position | accepted / drafted | drafted / position |", "|---|---|---|---|---|"]
+        lines.append(
+            f"| {r['context']} | {r['batch']} | {r['sam_ms']:.3f} | {r['vllm_ngram_ms']:.3f} |{arctic} {r['ngram_over_sam']:.1f}x |"
+        )
+        csv.append(
+            f"{r['context']},{r['batch']},{r['sam_ms']:.4f},{r['vllm_ngram_ms']:.4f},{r.get('arctic_suffix_ms', '')},{r['ngram_over_sam']:.2f}"
+        )
+    lines += [
+        "",
+        f"Ingest: {ing['tokens_per_s'] / 1e6:.2f} M tokens/s into one automaton ({ing['tokens']} tokens), "
+        f"{ing['bytes_per_token']:.0f} bytes per token of text.",
+        "",
+        "## Teacher-forced acceptance (draft at every position, K=4)",
+        "",
+        "| corpus | drafter | accepted tokens / position | accepted / drafted | drafted / position |",
+        "|---|---|---|---|---|",
+    ]
     for corpus, modes in acceptance.items():
         for mode, m in modes.items():
-            lines.append(f"| {corpus} | {mode} | {m['accepted_per_position']:.3f} | {m['draft_acceptance_rate']:.3f} | {m['drafted_per_position']:.3f} |")
+            lines.append(
+                f"| {corpus} | {mode} | {m['accepted_per_position']:.3f} | {m['draft_acceptance_rate']:.3f} | {m['drafted_per_position']:.3f} |"
+            )
     (out / "README.md").write_text("\n".join(lines) + "\n")
     (out / "step_cost.csv").write_text("\n".join(csv) + "\n")
 

@@ -18,8 +18,8 @@ sys.path.insert(0, str(REPO_ROOT))
 
 def main() -> None:
     from omegaconf import OmegaConf
-    from mtp.checkpoint import load_tokenizer
 
+    from mtp.checkpoint import load_tokenizer
     from recipe.data.loader import load_problems
     from recipe.data.task import length_stats
     from recipe.engine import EngineOptions, make_llm, speculative_config

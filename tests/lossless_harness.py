@@ -89,7 +89,15 @@ def sample_hf(model: str, setting: Setting, n: int, max_tokens: int, seed: int, 
     return _pad(rows, max_tokens)
 
 
-GREEDY_PROMPTS = [[{"role": "user", "content": f"Add the numbers: {' '.join(str(1 + (i * 7 + j * 3) % 9) for j in range(2 + i % 9))}"}] for i in range(16)]
+GREEDY_PROMPTS = [
+    [
+        {
+            "role": "user",
+            "content": f"Add the numbers: {' '.join(str(1 + (i * 7 + j * 3) % 9) for j in range(2 + i % 9))}",
+        }
+    ]
+    for i in range(16)
+]
 
 
 def sample_vllm_inprocess(

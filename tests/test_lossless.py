@@ -26,7 +26,9 @@ def test_fixed_expand_follows_vllm_contract():
     cu = torch.tensor([2, 5, 6])
     out = lossless.expand_batch_to_tokens(torch.tensor([0.7, 1.3, 0.5]), cu, 6)
     assert out.tolist() == pytest.approx([0.7, 0.7, 1.3, 1.3, 1.3, 0.5])
-    ints = lossless.expand_batch_to_tokens(torch.tensor([0, 5, 3], dtype=torch.int32), cu.int(), 6, replace_from=0, replace_to=7)
+    ints = lossless.expand_batch_to_tokens(
+        torch.tensor([0, 5, 3], dtype=torch.int32), cu.int(), 6, replace_from=0, replace_to=7
+    )
     assert ints.dtype == torch.int32 and ints.tolist() == [7, 7, 5, 5, 5, 3]
 
 

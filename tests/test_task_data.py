@@ -72,9 +72,8 @@ def test_missing_data_file_is_named(tmp_path):
 def test_tokenizer_round_trips_and_loads_with_autotokenizer(tmp_path):
     from transformers import AutoTokenizer
 
-    from recipe.data.tokenizer import train_tokenizer
-
     from mtp.checkpoint import save_tokenizer
+    from recipe.data.tokenizer import train_tokenizer
 
     rows = generate_rows(500, seed=0, split="train")
     texts = [r["extra_info"]["solution"] for r in rows] + [r["prompt"][0]["content"] for r in rows]

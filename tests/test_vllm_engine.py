@@ -30,7 +30,11 @@ def test_greedy_tokens_match_training_module_and_mtp_drafts(fp32_engine, harness
     model = load_checkpoint(harness_model).eval()
     prompts = [prompt_ids(str(harness_model), m) for m in GREEDY_PROMPTS[:4]]
     before = spec_counters(fp32_engine)
-    outs = fp32_engine.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], SamplingParams(temperature=0, max_tokens=40), use_tqdm=False)
+    outs = fp32_engine.generate(
+        [TokensPrompt(prompt_token_ids=p) for p in prompts],
+        SamplingParams(temperature=0, max_tokens=40),
+        use_tqdm=False,
+    )
     counters = spec_counters(fp32_engine) - before
     for ids, out in zip(prompts, outs, strict=True):
         seq = list(ids)

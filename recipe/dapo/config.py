@@ -26,9 +26,15 @@ def validate(cfg: DictConfig) -> None:
     spec = cfg.spec
     _require(spec.method in SPEC_METHODS, "spec.method", f"must be one of {SPEC_METHODS}, got {spec.method!r}")
     if spec.method != "off":
-        _require(spec.num_speculative_tokens >= 1, "spec.num_speculative_tokens", f"must be >= 1 for spec={spec.method}")
+        _require(
+            spec.num_speculative_tokens >= 1, "spec.num_speculative_tokens", f"must be >= 1 for spec={spec.method}"
+        )
     if spec.method == "mtp":
-        _require(spec.mtp.train in ("frozen", "online"), "spec.mtp.train", f"must be frozen or online, got {spec.mtp.train!r}")
+        _require(
+            spec.mtp.train in ("frozen", "online"),
+            "spec.mtp.train",
+            f"must be frozen or online, got {spec.mtp.train!r}",
+        )
         _require(spec.mtp.loss_scaling_factor >= 0, "spec.mtp.loss_scaling_factor", "must be >= 0")
     if spec.method == "sam":
         from sam.policy import SAMOptions
@@ -52,8 +58,14 @@ def validate(cfg: DictConfig) -> None:
         "actor_rollout_ref.actor.ppo_mini_batch_size",
         f"must divide data.train_batch_size ({actor.ppo_mini_batch_size} does not divide {data.train_batch_size})",
     )
-    _require(actor.ppo_micro_batch_size_per_gpu >= 1, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "must be >= 1")
-    _require(actor.loss_agg_mode in LOSS_AGG_MODES, "actor_rollout_ref.actor.loss_agg_mode", f"must be one of {LOSS_AGG_MODES}")
+    _require(
+        actor.ppo_micro_batch_size_per_gpu >= 1, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "must be >= 1"
+    )
+    _require(
+        actor.loss_agg_mode in LOSS_AGG_MODES,
+        "actor_rollout_ref.actor.loss_agg_mode",
+        f"must be one of {LOSS_AGG_MODES}",
+    )
     _require(0 <= actor.clip_ratio_low < 1, "actor_rollout_ref.actor.clip_ratio_low", "must be in [0, 1)")
     _require(actor.clip_ratio_high >= 0, "actor_rollout_ref.actor.clip_ratio_high", "must be >= 0")
     _require(actor.clip_ratio_c > 1, "actor_rollout_ref.actor.clip_ratio_c", "must be > 1 (dual-clip bound)")
@@ -64,22 +76,40 @@ def validate(cfg: DictConfig) -> None:
     _require(rollout.temperature >= 0, "actor_rollout_ref.rollout.temperature", "must be >= 0")
     model_path = cfg.actor_rollout_ref.model.path
     if model_path is not None:
-        _require(Path(model_path, "config.json").is_file(), "actor_rollout_ref.model.path", f"{model_path} is not a HF checkpoint directory (no config.json)")
+        _require(
+            Path(model_path, "config.json").is_file(),
+            "actor_rollout_ref.model.path",
+            f"{model_path} is not a HF checkpoint directory (no config.json)",
+        )
 
     algo = cfg.algorithm
-    _require(algo.adv_estimator == "grpo", "algorithm.adv_estimator", f"this recipe uses grpo, got {algo.adv_estimator!r}")
+    _require(
+        algo.adv_estimator == "grpo", "algorithm.adv_estimator", f"this recipe uses grpo, got {algo.adv_estimator!r}"
+    )
     fg = algo.filter_groups
     if fg.enable:
-        _require((fg.metric or "acc") in FILTER_METRICS, "algorithm.filter_groups.metric", f"must be one of {FILTER_METRICS}")
-        _require(fg.on_exhausted in ("train", "error"), "algorithm.filter_groups.on_exhausted", "must be train or error")
+        _require(
+            (fg.metric or "acc") in FILTER_METRICS, "algorithm.filter_groups.metric", f"must be one of {FILTER_METRICS}"
+        )
+        _require(
+            fg.on_exhausted in ("train", "error"), "algorithm.filter_groups.on_exhausted", "must be train or error"
+        )
     ob = cfg.reward_model.overlong_buffer
     if ob.enable:
-        _require(0 < ob.len < data.max_response_length, "reward_model.overlong_buffer.len", f"must be in (0, data.max_response_length={data.max_response_length})")
+        _require(
+            0 < ob.len < data.max_response_length,
+            "reward_model.overlong_buffer.len",
+            f"must be in (0, data.max_response_length={data.max_response_length})",
+        )
 
     tr = cfg.trainer
     _require(tr.total_training_steps >= 1, "trainer.total_training_steps", "must be >= 1")
     _require(tr.resume in ("auto", "disable"), "trainer.resume", f"must be auto or disable, got {tr.resume!r}")
-    _require(tr.device in ("auto", "cpu", "cuda", "npu"), "trainer.device", f"must be auto, cpu, cuda or npu, got {tr.device!r}")
+    _require(
+        tr.device in ("auto", "cpu", "cuda", "npu"),
+        "trainer.device",
+        f"must be auto, cpu, cuda or npu, got {tr.device!r}",
+    )
     loggers = {"console", "file", "wandb", "tensorboard", "mlflow", "swanlab"}
     bad = [x for x in tr.logger if x not in loggers]
     _require(not bad, "trainer.logger", f"unknown backend(s) {bad}; known: {sorted(loggers)}")

@@ -13,7 +13,9 @@ from recipe.sft.train import encode_prompt
 logger = logging.getLogger(__name__)
 
 
-def load_prompts(path: str, tokenizer, max_prompt_length: int, max_rows: int | None = None) -> tuple[list[Problem], list[list[int]]]:
+def load_prompts(
+    path: str, tokenizer, max_prompt_length: int, max_rows: int | None = None
+) -> tuple[list[Problem], list[list[int]]]:
     """Problems and their chat-templated prompt ids; prompts over ``max_prompt_length`` are skipped (counted)."""
     problems = load_problems(path, max_rows=max_rows)
     kept, ids = [], []

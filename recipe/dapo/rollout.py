@@ -58,8 +58,37 @@ def to_vllm_names(state: dict[str, torch.Tensor], num_hidden_layers: int) -> dic
     return out
 
 
+def _copy_into(module: torch.nn.Module, prefix: str, weights: dict[str, torch.Tensor], dtype: torch.dtype) -> int:
+    """Copy ``weights`` into ``module``'s parameters in place. vLLM's CPU linear layers keep a repacked copy
+    of their weight (``cpu_linear``) and may have dropped the parameter itself: those get the new weight
+    and are repacked by vLLM's own dispatch, exactly as at load time."""
+    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+    n = 0
+    for mod_name, mod in module.named_modules():
+        dropped = False
+        for p_name, param in list(mod.named_parameters(recurse=False)):
+            name = f"{mod_name}.{p_name}" if mod_name else p_name
+            if name not in weights:
+                raise KeyError(f"weight sync: no tensor for vLLM parameter {prefix}{name}")
+            tensor = weights[name].to(dtype)
+            if param.numel() == 0:  # removed after repacking (CPU)
+                setattr(mod, p_name, torch.nn.Parameter(tensor.clone(), requires_grad=False))
+                dropped = True
+            elif param.shape[1:] == tensor.shape[1:] and param.shape[0] >= tensor.shape[0]:
+                param.data[: tensor.shape[0]].copy_(tensor)  # vLLM pads the vocab dimension
+            else:
+                raise ValueError(
+                    f"weight sync: {prefix}{name} has shape {tuple(param.shape)}, got {tuple(tensor.shape)}"
+                )
+            n += 1
+        if hasattr(mod, "cpu_linear"):
+            dispatch_cpu_unquantized_gemm(mod, remove_weight=dropped)
+    return n
+
+
 def _load_weights_on_worker(worker, payload: bytes) -> tuple[int, int]:
-    """Runs inside each vLLM worker: copy the weights into the model's and the drafter's parameters in place.
+    """Runs inside each vLLM worker: load the weights into the model and the drafter.
 
     Weights travel as one safetensors blob (vLLM's RPC encoder would turn nested tensors into lists).
     Returns (parameters updated in the model, in the drafter); every parameter of both must be covered."""
@@ -67,24 +96,11 @@ def _load_weights_on_worker(worker, payload: bytes) -> tuple[int, int]:
 
     weights = load(payload)
     runner = worker.model_runner
-    modules = [runner.model]
+    dtype = runner.model_config.dtype
+    n_model = _copy_into(runner.model, "", weights, dtype)
     draft_model = getattr(getattr(runner, "drafter", None), "model", None)
-    if draft_model is not None:
-        modules.append(draft_model)
-    counts = []
-    for module in modules:
-        n = 0
-        for name, param in module.named_parameters():
-            if name not in weights:
-                raise KeyError(f"weight sync: no tensor for vLLM parameter {name}")
-            tensor = weights[name]
-            if param.shape[1:] == tensor.shape[1:] and param.shape[0] >= tensor.shape[0]:
-                param.data[: tensor.shape[0]].copy_(tensor.to(param.dtype))  # vLLM pads the vocab dimension
-            else:
-                raise ValueError(f"weight sync: {name} has shape {tuple(param.shape)}, got {tuple(tensor.shape)}")
-            n += 1
-        counts.append(n)
-    return counts[0], counts[1] if len(counts) > 1 else 0
+    n_draft = _copy_into(draft_model, "drafter.", weights, dtype) if draft_model is not None else 0
+    return n_model, n_draft
 
 
 def _drafter_state_on_worker(worker, names: list[str]) -> dict[str, torch.Tensor]:

@@ -79,7 +79,9 @@ class RolloutTimeline:
             "tail_spec_accept_length": (
                 1.0 + a["accepted_tokens"][tail].sum() / a["drafts"][tail].sum() if a["drafts"][tail].sum() else 1.0
             ),
-            "spec_draft_acceptance_rate": a["accepted_tokens"].sum() / a["draft_tokens"].sum() if a["draft_tokens"].sum() else 0.0,
+            "spec_draft_acceptance_rate": a["accepted_tokens"].sum() / a["draft_tokens"].sum()
+            if a["draft_tokens"].sum()
+            else 0.0,
         }
 
     def to_json(self) -> dict:

@@ -50,7 +50,11 @@ def timed(timing: dict[str, float], name: str):
 
 def spec_from_config(spec: DictConfig) -> tuple[dict | None, dict | None]:
     """vLLM speculative_config and additional_config for the ``spec`` group."""
-    opts = {k: v for k, v in OmegaConf.to_container(spec, resolve=True).items() if k in ("prompt_lookup_min", "prompt_lookup_max")}
+    opts = {
+        k: v
+        for k, v in OmegaConf.to_container(spec, resolve=True).items()
+        if k in ("prompt_lookup_min", "prompt_lookup_max")
+    }
     k = int(spec.num_speculative_tokens)
     cfg = speculative_config(str(spec.method), k, **opts) if spec.method != "off" else None
     extra = {"sam": OmegaConf.to_container(spec.sam, resolve=True)} if spec.method == "sam" else None
@@ -122,7 +126,9 @@ class DAPOTrainer:
         self.tokenizer = self.engine.tokenizer
         problems, prompt_ids = load_prompts(train_file, self.tokenizer, data.max_prompt_length)
         self.stream = PromptStream(problems, prompt_ids, self.seed, data.shuffle)
-        self.val_problems, _ = load_prompts(val_file, self.tokenizer, data.max_prompt_length, max_rows=data.val_max_samples)
+        self.val_problems, _ = load_prompts(
+            val_file, self.tokenizer, data.max_prompt_length, max_rows=data.val_max_samples
+        )
         self.reward = RewardFunction(self.tokenizer, cfg.reward_model, data.max_response_length)
         self.sampling = {"temperature": ro.temperature, "top_p": ro.top_p, "max_tokens": data.max_response_length}
         self.global_step = 0
@@ -225,7 +231,9 @@ class DAPOTrainer:
                 result = self.engine.generate(prompt_ids, n, self.sampling, progress=bool(cfg.trainer.progress_bar))
             gen_s = time.perf_counter() - start
             with timed(timing, "reward"):
-                batch = build_batch(result.responses, problems, uids, self.tokenizer.pad_token_id, cfg.data.max_response_length)
+                batch = build_batch(
+                    result.responses, problems, uids, self.tokenizer.pad_token_id, cfg.data.max_response_length
+                )
                 self.reward(batch)
             scores_all.append(batch.non_tensor_batch["score"].astype(float))
             keep = kept_groups(batch, metric) if fg.enable else list(dict.fromkeys(uids))
@@ -318,7 +326,9 @@ class DAPOTrainer:
                 for m0 in range(0, len(batch), mini_rows):
                     mini = batch[m0 : m0 + mini_rows]
                     tokens = int(mini.batch["response_mask"].sum())
-                    self.actor_cfg.global_batch_info.update(dp_size=1, batch_num_tokens=tokens, global_batch_size=len(mini))
+                    self.actor_cfg.global_batch_info.update(
+                        dp_size=1, batch_num_tokens=tokens, global_batch_size=len(mini)
+                    )
                     self.optimizer.zero_grad(set_to_none=True)
                     for u0 in range(0, len(mini), micro):
                         mb = mini[u0 : u0 + micro]
@@ -340,7 +350,9 @@ class DAPOTrainer:
                             sums.setdefault("mtp/acc", []).append(out.mtp_acc.item())
                         loss.backward()
                         sums.setdefault("actor/pg_loss", []).append(pg_loss.item())
-                        sums.setdefault("actor/entropy", []).append(float((out.entropy * mask).sum() / mask.sum().clamp(min=1)))
+                        sums.setdefault("actor/entropy", []).append(
+                            float((out.entropy * mask).sum() / mask.sum().clamp(min=1))
+                        )
                         for k, v in pg_metrics.items():
                             sums.setdefault(k, []).append(float(v))
                     grad_norm = torch.nn.utils.clip_grad_norm_(
@@ -366,9 +378,14 @@ class DAPOTrainer:
         return {"mtp/head_loss": float(np.mean(losses)), "mtp/head_acc": float(np.mean(accs))}
 
     def validate(self) -> dict[str, float]:
-        res = evaluate(self.engine.llm, self.val_problems, n=1, temperature=0.0, max_tokens=self.cfg.data.max_response_length)
+        res = evaluate(
+            self.engine.llm, self.val_problems, n=1, temperature=0.0, max_tokens=self.cfg.data.max_response_length
+        )
         source = self.val_problems[0].data_source
-        return {f"val-core/{source}/acc/mean@1": res.pass_at_1, f"val-aux/{source}/response_length/mean": res.mean_response_tokens}
+        return {
+            f"val-core/{source}/acc/mean@1": res.pass_at_1,
+            f"val-aux/{source}/response_length/mean": res.mean_response_tokens,
+        }
 
     def fit(self) -> list[dict]:
         from verl.trainer.ppo.metric_utils import (
@@ -396,7 +413,11 @@ class DAPOTrainer:
                 batch, round_metrics = self.collect(timing)
                 metrics.update(round_metrics)
                 if batch is None:
-                    warnings.warn(f"step {step}: no group with reward variance; skipping the update", TrainingDataExhaustedWarning, stacklevel=2)
+                    warnings.warn(
+                        f"step {step}: no group with reward variance; skipping the update",
+                        TrainingDataExhaustedWarning,
+                        stacklevel=2,
+                    )
                 else:
                     metrics.update(self.mtp_eval(batch))
                     self.engine.sleep()
@@ -408,6 +429,7 @@ class DAPOTrainer:
                     with timed(timing, "testing"):
                         metrics.update(self.validate())
             if batch is not None:
+                batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(-1).tolist()  # as veRL sets it
                 metrics.update(compute_data_metrics(batch, use_critic=False))
                 metrics.update(compute_timing_metrics(batch, timing))
                 metrics.update(compute_throughout_metrics(batch, timing, n_gpus=1))
