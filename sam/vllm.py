@@ -80,24 +80,28 @@ class SAMProposer:
     def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, *args, **kwargs) -> list[list[int]]:
         self.steps += 1
         num_rows = len(sampled_token_ids)
-        # Index the previous step's drafters by (length, tail) so moved rows find theirs.
         previous = self.rows
-        by_key: dict[tuple[int, bytes], list[RequestDrafter]] = defaultdict(list)
-        for d in previous.values():
-            by_key[_drafter_key(d)].append(d)
-
+        by_key: dict[tuple[int, bytes], list[RequestDrafter]] | None = None  # built on the first moved row
         current: dict[int, RequestDrafter] = {}
         claimed: set[int] = set()
         for i, sampled in enumerate(sampled_token_ids):
             if not sampled:
                 continue
-            n = int(num_tokens_no_spec[i])
-            before = n - len(sampled)
+            before = int(num_tokens_no_spec[i]) - len(sampled)
             row = token_ids_cpu[i]
-            key = _tail_key(before, np.ascontiguousarray(row[max(0, before - TAIL_TOKENS) : before], dtype=np.int32))
+            tail = row[max(0, before - TAIL_TOKENS) : before].astype(np.int32, copy=False).tobytes()
             drafter = previous.get(i)
-            if drafter is None or id(drafter) in claimed or _drafter_key(drafter) != key:
-                drafter = next((d for d in by_key.get(key, ()) if id(d) not in claimed), None)
+            if (
+                drafter is None
+                or len(drafter) != before
+                or id(drafter) in claimed
+                or drafter.own.tail(TAIL_TOKENS).tobytes() != tail
+            ):
+                if by_key is None:  # rows were reordered or condensed: find drafters by content
+                    by_key = defaultdict(list)
+                    for d in previous.values():
+                        by_key[_drafter_key(d)].append(d)
+                drafter = next((d for d in by_key.get((before, tail), ()) if id(d) not in claimed), None)
             if drafter is None:
                 drafter = self._start(np.asarray(row[:before]))
             claimed.add(id(drafter))

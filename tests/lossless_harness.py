@@ -123,6 +123,12 @@ def sample_vllm_inprocess(
         result[setting.name + "_accepted"] = np.array(
             [counters.num_drafts, counters.num_draft_tokens, counters.num_accepted_tokens]
         )
+    greedy = llm.generate(
+        [TokensPrompt(prompt_token_ids=prompt_ids(model, m)) for m in GREEDY_PROMPTS],
+        SamplingParams(temperature=0.0, max_tokens=256),
+        use_tqdm=False,
+    )
+    result["greedy"] = _pad([list(o.outputs[0].token_ids) for o in greedy], 256)
     return result
 
 
@@ -223,21 +229,33 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--settings", default="1.0:1.0,0.7:0.9", help="temperature:top_p pairs")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--no-patch", action="store_true", help="disable the lossless plugin (to see the bug)")
+    parser.add_argument("--out", help="also write the table as markdown to this file")
     opts = parser.parse_args(argv)
     settings = [Setting(*map(float, s.split(":"))) for s in opts.settings.split(",")]
     ref = sample_vllm(opts.model, "off", settings, opts.n, opts.max_tokens, seed=1, dtype=opts.dtype)
+    hf = {s.name: sample_hf(opts.model, s, opts.n, opts.max_tokens, seed=3) for s in settings}
+    lines = [
+        "| sampler | setting | p vs vLLM spec off | p vs HF generate | max per-position TV vs off | drafts | accepted / drafted |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for s in settings:
+        c = compare(ref[s.name], hf[s.name])
+        lines.append(f"| vLLM spec off | {s.name} | - | {c.p_value:.3g} | - | - | - |")
     for method in opts.methods.split(","):
         got = sample_vllm(
             opts.model, method, settings, opts.n, opts.max_tokens, seed=2, patch=not opts.no_patch, dtype=opts.dtype
         )
         for s in settings:
-            hf = sample_hf(opts.model, s, opts.n, opts.max_tokens, seed=3)
-            c_off, c_hf = compare(got[s.name], ref[s.name]), compare(got[s.name], hf)
+            c_off, c_hf = compare(got[s.name], ref[s.name]), compare(got[s.name], hf[s.name])
             drafts, drafted, accepted = got[s.name + "_accepted"]
-            print(
-                f"{method:6s} {s.name:10s} p(vs off)={c_off.p_value:.3g} p(vs hf)={c_hf.p_value:.3g} "
-                f"maxTV(vs off)={c_off.max_tv:.3f} drafts={drafts} accepted={accepted}/{drafted}"
+            label = f"vLLM {method}" + (" (plugin off)" if opts.no_patch else "")
+            lines.append(
+                f"| {label} | {s.name} | {c_off.p_value:.3g} | {c_hf.p_value:.3g} | {c_off.max_tv:.3f} | {drafts} | {accepted}/{drafted} |"
             )
+        print("\n".join(lines), flush=True)
+    if opts.out:
+        Path(opts.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(opts.out).write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,8 @@ from omegaconf import OmegaConf
 
 from recipe.dapo.config import ConfigError, validate
 
-CONFIGS = str(Path(__file__).resolve().parents[1] / "configs")
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = str(REPO / "configs")
 TIMING_PREFIXES = (
     "timing_s/",
     "perf/",
@@ -90,6 +91,16 @@ def run_args(model: Path, out: Path, steps: int, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
+def run_job(args: list[str], out: Path) -> None:
+    """Run a DAPO job in a child process; its output goes to a log whose tail is shown on failure."""
+    out.mkdir(parents=True, exist_ok=True)
+    log = out / "job.log"
+    with open(log, "w") as fh:
+        proc = subprocess.run(args, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=fh, stderr=subprocess.STDOUT,
+                              cwd=REPO, timeout=900)  # fmt: skip
+    assert proc.returncode == 0, log.read_text()[-5000:]
+
+
 def metrics(out: Path) -> list[dict]:
     return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
 
@@ -100,9 +111,8 @@ def comparable(rows: list[dict]) -> list[dict]:
 
 @pytest.mark.slow
 def test_two_step_job_then_kill_and_resume_matches_uninterrupted(harness_model, tmp_path):
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     full = tmp_path / "full"
-    subprocess.run(run_args(harness_model, full, 3), check=True, env=env, capture_output=True, cwd=CONFIGS + "/..")
+    run_job(run_args(harness_model, full, 3), full)
     rows = metrics(full)
     assert [r["step"] for r in rows] == [1, 2, 3]
     for key in (
@@ -121,14 +131,8 @@ def test_two_step_job_then_kill_and_resume_matches_uninterrupted(harness_model, 
     assert list((full / "timelines").glob("step_00001_round_*.json"))
 
     killed = tmp_path / "killed"
-    proc = subprocess.Popen(
-        run_args(harness_model, killed, 3),
-        env=env,
-        cwd=CONFIGS + "/..",
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    proc = subprocess.Popen(run_args(harness_model, killed, 3), cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
     latest = killed / "checkpoints" / "latest_checkpointed_iteration.txt"
     deadline = time.time() + 600
     while time.time() < deadline and not (latest.is_file() and latest.read_text().strip() == "2"):
@@ -136,7 +140,7 @@ def test_two_step_job_then_kill_and_resume_matches_uninterrupted(harness_model, 
         time.sleep(0.5)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    subprocess.run(run_args(harness_model, killed, 3), check=True, env=env, capture_output=True, cwd=CONFIGS + "/..")
+    run_job(run_args(harness_model, killed, 3), killed)
     resumed = metrics(killed)
     assert [r["step"] for r in resumed] == [1, 2, 3]
     assert comparable(resumed) == comparable(rows)  # same seed: same metrics, with or without the kill

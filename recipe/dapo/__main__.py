@@ -42,7 +42,10 @@ def run(cfg: DictConfig) -> list[dict]:
     from recipe.dapo.trainer import DAPOTrainer
 
     trainer = DAPOTrainer(cfg, model, train, val)
-    return trainer.fit()
+    try:
+        return trainer.fit()
+    finally:
+        trainer.engine.close()
 
 
 @hydra.main(config_path=str(CONFIG_DIR), config_name="dapo", version_base=None)

@@ -26,13 +26,22 @@ def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_
     return default_compute_score(data_source, solution_str, ground_truth, extra_info)
 
 
-def build_batch(responses: list[Response], problems: list[Problem], uids: list[str], pad_id: int, response_width: int):
+def build_batch(
+    responses: list[Response],
+    problems: list[Problem],
+    uids: list[str],
+    pad_id: int,
+    prompt_width: int,
+    response_width: int,
+):
     """A veRL DataProto for ``responses``; ``problems[r.prompt_index]`` / ``uids[...]`` give each one's group.
 
-    Responses are right-padded to ``response_width`` (``data.max_response_length``, as veRL pads them)."""
+    Prompts are left-padded to ``prompt_width`` and responses right-padded to ``response_width``
+    (``data.max_prompt_length`` / ``data.max_response_length``, as veRL pads them), so batches of different
+    generation rounds concatenate."""
     from verl import DataProto
 
-    p_len = max(len(r.prompt_ids) for r in responses)
+    p_len = max(prompt_width, max(len(r.prompt_ids) for r in responses))
     r_len = max(response_width, max(len(r.token_ids) for r in responses))
     b = len(responses)
     prompts = torch.full((b, p_len), pad_id, dtype=torch.long)

@@ -188,6 +188,10 @@ class RolloutEngine:
     def drafter_state(self, names: list[str]) -> dict[str, torch.Tensor]:
         return self.llm.collective_rpc(_drafter_state_on_worker, args=(names,))[0]
 
+    def close(self) -> None:
+        """Stop the engine's processes now (left to interpreter exit, vLLM's shutdown can hang)."""
+        self.llm.llm_engine.engine_core.shutdown()
+
     def sleep(self) -> None:
         if self.can_sleep:
             self.llm.sleep(level=1)

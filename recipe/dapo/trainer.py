@@ -28,6 +28,7 @@ from mtp.checkpoint import load_checkpoint, save_checkpoint
 from recipe.dapo.batch import RewardFunction, build_batch, kept_groups, select_groups
 from recipe.dapo.data import PromptStream, load_prompts
 from recipe.dapo.policy import forward_rows
+from recipe.dapo.report import plot_run
 from recipe.dapo.rollout import RolloutEngine
 from recipe.engine import EngineOptions, speculative_config
 from recipe.evaluate import evaluate
@@ -232,7 +233,12 @@ class DAPOTrainer:
             gen_s = time.perf_counter() - start
             with timed(timing, "reward"):
                 batch = build_batch(
-                    result.responses, problems, uids, self.tokenizer.pad_token_id, cfg.data.max_response_length
+                    result.responses,
+                    problems,
+                    uids,
+                    self.tokenizer.pad_token_id,
+                    cfg.data.max_prompt_length,
+                    cfg.data.max_response_length,
                 )
                 self.reward(batch)
             scores_all.append(batch.non_tensor_batch["score"].astype(float))
@@ -444,4 +450,6 @@ class DAPOTrainer:
             bar.set_postfix(score=f"{metrics.get('critic/score/mean', float('nan')):.3f}")
             if (tr.save_freq > 0 and step % tr.save_freq == 0) or step == total:
                 self.save()
+        plot_run(history, self.out_dir / "curves.png", title=f"{tr.project_name} / {tr.experiment_name}")
+        self.tracking.finish()
         return history

@@ -1,0 +1,47 @@
+"""Plots of a run's metrics (written into the run directory at the end of training)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+PANELS = [
+    ("critic/score/mean", "mean training reward (score)"),
+    ("response_length/mean", "mean response length (tokens)"),
+    ("rollout/throughput_tok_s", "rollout tokens/s"),
+    ("rollout/spec_accept_length", "mean acceptance length"),
+]
+
+
+def plot_run(history: list[dict], path: str | Path, title: str = "") -> Path:
+    """Four panels over training steps: reward (with a running mean), length, rollout speed, acceptance."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, axes = plt.subplots(2, 2, figsize=(10, 6.5))
+    for ax, (key, label) in zip(axes.flat, PANELS, strict=True):
+        points = [(h["step"], h[key]) for h in history if key in h]
+        if not points:
+            ax.set_visible(False)
+            continue
+        steps, values = map(np.asarray, zip(*points, strict=True))
+        ax.plot(steps, values, marker="o", ms=3, lw=1, label=label)
+        if len(values) >= 4:
+            window = max(2, len(values) // 6)
+            smooth = np.convolve(values, np.ones(window) / window, mode="valid")
+            ax.plot(steps[window - 1 :], smooth, lw=2, label=f"running mean ({window})")
+        val_key = "val-core/tiny_sum/acc/mean@1"
+        if key == "critic/score/mean" and any(val_key in h for h in history):
+            v = [(h["step"], 2 * h[val_key] - 1) for h in history if val_key in h]
+            ax.plot(*zip(*v, strict=True), "s--", label="greedy val acc (as score: 2*acc-1)")
+        ax.set_xlabel("step")
+        ax.set_title(label, fontsize=10)
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)

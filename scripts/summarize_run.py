@@ -1,0 +1,73 @@
+"""Copy a DAPO run's metrics and curves into ``results/<name>/`` with a short markdown summary.
+
+.venv/bin/python scripts/summarize_run.py runs/spec-rollout-dapo/sam results/demo --command "make demo"
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+
+
+def main() -> None:
+    from recipe.dapo.report import plot_run
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("run_dir")
+    parser.add_argument("out_dir")
+    parser.add_argument("--command", default="", help="the command that produced the run (for the record)")
+    args = parser.parse_args()
+    run, out = Path(args.run_dir), Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    history = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    shutil.copy(run / "metrics.jsonl", out / "metrics.jsonl")
+    plot_run(history, out / "curves.png", title=f"DAPO, {args.command}")
+
+    def mean(key: str, rows: list[dict]) -> float:
+        vals = [r[key] for r in rows if key in r]
+        return float(np.mean(vals)) if vals else float("nan")
+
+    quarter = max(1, len(history) // 4)
+    first, last = history[:quarter], history[-quarter:]
+    val_key = "val-core/tiny_sum/acc/mean@1"
+    vals = [(r["step"], r[val_key]) for r in history if val_key in r]
+    total_s = sum(r.get("timing_s/step", 0.0) for r in history)
+    lines = [
+        f"# {out.name}: DAPO run",
+        "",
+        f"Produced by `{args.command}` ({len(history)} steps, {total_s / 60:.1f} min of training steps on this machine).",
+        "",
+        "| metric | first quarter | last quarter |",
+        "|---|---|---|",
+    ]
+    for key in ("critic/score/mean", "train/gen_score_mean", "response_length/mean", "train/num_gen_batches",
+                "rollout/throughput_tok_s", "rollout/tail_throughput_tok_s", "rollout/spec_accept_length",
+                "timing_s/gen", "timing_s/step"):  # fmt: skip
+        lines.append(f"| `{key}` | {mean(key, first):.3f} | {mean(key, last):.3f} |")
+    if vals:
+        lines += [
+            "",
+            "Greedy accuracy on the validation problems: " + ", ".join(f"step {s}: {v:.3f}" for s, v in vals) + ".",
+        ]
+    lines += [
+        "",
+        "`critic/score/mean` is the mean DAPO reward of the kept (non-zero-variance) groups; "
+        "`train/gen_score_mean` the mean over everything generated, before filtering.",
+        "",
+        "![curves](curves.png)",
+        "",
+    ]
+    (out / "README.md").write_text("\n".join(lines))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
