@@ -144,3 +144,31 @@ def test_two_step_job_then_kill_and_resume_matches_uninterrupted(harness_model, 
     resumed = metrics(killed)
     assert [r["step"] for r in resumed] == [1, 2, 3]
     assert comparable(resumed) == comparable(rows)  # same seed: same metrics, with or without the kill
+
+
+@pytest.mark.slow
+def test_trainer_log_probs_equal_vllm_sampling_log_probs(harness_model):
+    """The policy scores exactly the tokens vLLM sampled, aligned position by position (float32 engine)."""
+    import numpy as np
+    from vllm import SamplingParams, TokensPrompt
+
+    from mtp.checkpoint import load_checkpoint
+    from recipe.dapo.batch import build_batch
+    from recipe.dapo.data import load_prompts
+    from recipe.dapo.policy import forward_rows
+    from recipe.dapo.rollout import Response
+    from recipe.engine import EngineOptions, make_llm
+
+    llm = make_llm(str(harness_model), None, EngineOptions(max_model_len=512, dtype="float32"))
+    tok = llm.get_tokenizer()
+    problems, ids = load_prompts(str(harness_model.parent / "data" / "test.parquet"), tok, 160, max_rows=6)
+    params = SamplingParams(temperature=1.0, max_tokens=120, logprobs=0)
+    outs = llm.generate([TokensPrompt(prompt_token_ids=i) for i in ids], params, use_tqdm=False)
+    responses = [Response(k, ids[k], list(o.outputs[0].token_ids), o.outputs[0].text, None) for k, o in enumerate(outs)]
+    batch = build_batch(responses, problems, [str(k) for k in range(len(ids))], tok.pad_token_id, 160, 128)
+    log_probs = forward_rows(load_checkpoint(harness_model), batch, 1.0, with_mtp=False, grad=False).log_probs
+    for k, out in enumerate(outs):
+        comp = out.outputs[0]
+        expected = np.array([step[t].logprob for step, t in zip(comp.logprobs, comp.token_ids, strict=True)])
+        np.testing.assert_allclose(log_probs[k, : len(expected)].numpy(), expected, atol=1e-3)
+        assert float(log_probs[k, len(expected) :].abs().sum()) == 0.0  # padding scores nothing

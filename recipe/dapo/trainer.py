@@ -67,12 +67,15 @@ def _reseed_worker(worker, seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _sam_state_on_worker(worker, state=None):
-    """Runs in a vLLM worker: get (state=None) or set the SAM proposer's cross-rollout memory."""
+def _sam_state_on_worker(worker, blob: bytes | None = None) -> bytes | None:
+    """Runs in a vLLM worker: get (``blob=None``) or set the SAM proposer's cross-rollout memory, as one
+    pickled blob (vLLM's RPC turns nested bytes into memoryviews it cannot forward to workers)."""
+    import pickle
+
     drafter = worker.model_runner.drafter
-    if state is None:
-        return drafter.state_dict()
-    drafter.load_state_dict(state)
+    if blob is None:
+        return pickle.dumps(drafter.state_dict())
+    drafter.load_state_dict(pickle.loads(blob))
     return None
 
 
