@@ -73,6 +73,10 @@ def make_llm(
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     # weight sync and drafter-state calls send functions and tensors to the workers (veRL does the same)
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+    # engine core in this process: nothing is scheduled until step() is called, so every request of a
+    # round is queued before the first step and seeded runs are reproducible (a separate core process
+    # starts batching while requests are still arriving, and the batches then depend on timing)
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     kwargs: dict[str, Any] = dict(
         model=model,
         tokenizer=tokenizer_path(model),

@@ -18,6 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 CONFIGS = str(REPO / "configs")
 TIMING_PREFIXES = (
     "timing_s/",
+    "timing_per_token_ms/",
     "perf/",
     "rollout/throughput",
     "rollout/tail_throughput",
@@ -70,6 +71,7 @@ def test_unknown_key_is_named():
         ("spec.sam.min_match=0", "spec.sam"),
         ("algorithm.filter_groups.on_exhausted=maybe", "algorithm.filter_groups.on_exhausted"),
         ("trainer.resume=sometimes", "trainer.resume"),
+        ("backend=verl", "backend"),
     ],
 )
 def test_bad_values_fail_before_work_naming_the_key(override, key):

@@ -34,10 +34,6 @@ def resolve_inputs(cfg: DictConfig) -> tuple[str, str, str]:
 
 def run(cfg: DictConfig) -> list[dict]:
     validate(cfg)
-    if cfg.backend == "verl":
-        from recipe.dapo.verl_backend import run as run_verl
-
-        return run_verl(cfg)
     model, train, val = resolve_inputs(cfg)
     from recipe.dapo.trainer import DAPOTrainer
 

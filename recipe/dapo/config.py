@@ -22,7 +22,11 @@ def _require(ok: bool, key: str, message: str) -> None:
 
 def validate(cfg: DictConfig) -> None:
     """Raise :class:`ConfigError` naming the key for values that are out of range or inconsistent."""
-    _require(cfg.backend in ("local", "verl"), "backend", f"must be local or verl, got {cfg.backend!r}")
+    _require(
+        cfg.backend == "local",
+        "backend",
+        f"only local is available in this version (the veRL/Ray cluster backend is not built yet), got {cfg.backend!r}",
+    )
     spec = cfg.spec
     _require(spec.method in SPEC_METHODS, "spec.method", f"must be one of {SPEC_METHODS}, got {spec.method!r}")
     if spec.method != "off":
