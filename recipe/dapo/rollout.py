@@ -8,7 +8,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 
 from recipe.dapo.timeline import RolloutTimeline
@@ -103,13 +102,6 @@ def _load_weights_on_worker(worker, payload: bytes) -> tuple[int, int]:
     return n_model, n_draft
 
 
-def _drafter_state_on_worker(worker, names: list[str]) -> dict[str, torch.Tensor]:
-    """Runs inside a vLLM worker: the drafter's parameters (vLLM names) for checks."""
-    drafter = worker.model_runner.drafter
-    params = dict(drafter.model.named_parameters())
-    return {n: params[n].detach().cpu().clone() for n in names if n in params}
-
-
 class RolloutEngine:
     """A vLLM engine for the policy with the chosen speculative method."""
 
@@ -185,9 +177,6 @@ class RolloutEngine:
         self.llm.collective_rpc(_load_weights_on_worker, args=(payload,))
         self.llm.reset_prefix_cache()
 
-    def drafter_state(self, names: list[str]) -> dict[str, torch.Tensor]:
-        return self.llm.collective_rpc(_drafter_state_on_worker, args=(names,))[0]
-
     def close(self) -> None:
         """Stop the engine's processes now (left to interpreter exit, vLLM's shutdown can hang)."""
         self.llm.llm_engine.engine_core.shutdown()
@@ -199,7 +188,3 @@ class RolloutEngine:
     def wake_up(self) -> None:
         if self.can_sleep:
             self.llm.wake_up()
-
-    @staticmethod
-    def lengths(result: RolloutResult) -> np.ndarray:
-        return np.array([len(r.token_ids) for r in result.responses])

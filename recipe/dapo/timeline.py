@@ -93,11 +93,3 @@ class RolloutTimeline:
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_json()))
-
-    @classmethod
-    def load(cls, path: str | Path) -> RolloutTimeline:
-        d = json.loads(Path(path).read_text())
-        tl = cls(num_requests=d["num_requests"])
-        tl.steps = [StepRecord(**s) for s in d["steps"]]
-        tl.finishes = {k: (int(v[0]), float(v[1])) for k, v in d["finishes"].items()}
-        return tl
