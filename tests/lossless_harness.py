@@ -44,10 +44,9 @@ class Setting:
 
 def prompt_ids(model: str, messages: list[dict] = DEFAULT_PROMPT) -> list[int]:
     from mtp.checkpoint import load_tokenizer
+    from recipe.sft.train import encode_prompt
 
-    tok = load_tokenizer(model)
-    text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    return tok(text, add_special_tokens=False)["input_ids"]
+    return encode_prompt(load_tokenizer(model), messages)
 
 
 def _pad(rows: list[list[int]], length: int) -> np.ndarray:
