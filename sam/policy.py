@@ -10,17 +10,20 @@ Group material lives in one automaton per prompt and source, with a unique negat
 response so no draft runs from one response into the next. When the last active sample of a prompt
 finishes, the rollout's sibling responses move into the history (if ``cross_epoch``) and the sibling
 automaton is dropped, so memory is bounded by ``max_history_tokens`` per prompt and ``max_groups``.
+
+All automata of a drafter live in one :class:`~sam.automaton.AutomatonPool`, and :class:`BatchDrafter` runs a
+whole decode step (every running request's extend, matchers and draft) in one compiled call.
 """
 
 from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 
 import numpy as np
 
-from sam.automaton import Matcher, SuffixAutomaton
+from sam.automaton import AutomatonPool, SuffixAutomaton, rows_short_of_room, step_rows
 
 
 @dataclass
@@ -54,18 +57,19 @@ class SAMOptions:
         return opts
 
     def draft_length(self, match_length: int, k: int) -> int:
+        """The draft length rule :func:`~sam.automaton.step_rows` applies (for callers drafting one stream)."""
         if match_length < self.min_match:
             return 0
         return min(k, math.ceil(self.tokens_per_match * (match_length - self.min_match + 1)))
 
 
 class ResponseCorpus:
-    """Responses to one prompt in one automaton, separated by unique negative tokens."""
+    """Responses to one prompt in one pooled automaton, separated by unique negative tokens."""
 
-    def __init__(self) -> None:
-        self.automaton = SuffixAutomaton()
+    def __init__(self, pool: AutomatonPool) -> None:
+        self.pool = pool
+        self.automaton = SuffixAutomaton(capacity=256, pool=pool)
         self.responses: list[np.ndarray] = []
-        self.version = 0  # bumped whenever text is added (running matchers re-sync)
 
     def add(self, response: np.ndarray) -> None:
         if response.size == 0:
@@ -73,35 +77,47 @@ class ResponseCorpus:
         self.responses.append(response)
         self.automaton.extend(response)
         self.automaton.extend([-len(self.responses)])
-        self.version += 1
+
+    def close(self) -> None:
+        self.pool.release(self.automaton.slot)
+
+    @property
+    def slot(self) -> int:
+        return self.automaton.slot
 
     @property
     def num_tokens(self) -> int:
         return len(self.automaton)
 
 
-@dataclass
 class Group:
-    """Draft material for one prompt."""
+    """Draft material for one prompt; corpora are only replaced while no request of the prompt runs."""
 
-    siblings: ResponseCorpus = field(default_factory=ResponseCorpus)
-    history: ResponseCorpus = field(default_factory=ResponseCorpus)
-    active: int = 0
+    def __init__(self, pool: AutomatonPool):
+        self.siblings = ResponseCorpus(pool)
+        self.history = ResponseCorpus(pool)
+        self.active = 0
+
+    def close(self) -> None:
+        self.siblings.close()
+        self.history.close()
 
 
 class GroupStore:
-    """Prompt key -> :class:`Group`; LRU-bounded, history trimmed per prompt."""
+    """Prompt key -> :class:`Group`; LRU-bounded (groups with running requests are kept), history trimmed."""
 
-    def __init__(self, options: SAMOptions):
+    def __init__(self, options: SAMOptions, pool: AutomatonPool):
         self.options = options
+        self.pool = pool
         self.groups: OrderedDict[bytes, Group] = OrderedDict()
 
     def join(self, key: bytes) -> Group:
         group = self.groups.get(key)
         if group is None:
-            group = self.groups[key] = Group()
-            while len(self.groups) > self.options.max_groups:
-                self.groups.popitem(last=False)
+            group = self.groups[key] = Group(self.pool)
+            idle = [k for k, g in self.groups.items() if g.active == 0 and k != key]
+            for k in idle[: max(0, len(self.groups) - self.options.max_groups)]:
+                self.groups.pop(k).close()
         self.groups.move_to_end(key)
         group.active += 1
         return group
@@ -109,89 +125,107 @@ class GroupStore:
     def leave(self, key: bytes, group: Group, response: np.ndarray) -> None:
         """A request of ``group`` finished with ``response``."""
         opts = self.options
-        if opts.group_sharing or opts.cross_epoch:
-            group.siblings.add(response)
+        group.siblings.add(response)
         group.active -= 1
         if group.active > 0:
             return
-        if opts.cross_epoch:
-            kept = group.history.responses + group.siblings.responses
-            while kept and sum(r.size + 1 for r in kept) > opts.max_history_tokens:
-                kept.pop(0)
-            history = ResponseCorpus()
-            for r in kept:
-                history.add(r)
-            group.history = history
-        group.siblings = ResponseCorpus()
         if not opts.cross_epoch:
             self.groups.pop(key, None)
+            group.close()
+            return
+        kept = group.history.responses + group.siblings.responses
+        while kept and sum(r.size + 1 for r in kept) > opts.max_history_tokens:
+            kept.pop(0)
+        group.close()
+        group.history = ResponseCorpus(self.pool)
+        for r in kept:
+            group.history.add(r)
+        group.siblings = ResponseCorpus(self.pool)
 
     def num_tokens(self) -> int:
         return sum(g.siblings.num_tokens + g.history.num_tokens for g in self.groups.values())
 
 
-class GroupMatcher:
-    """A request's matcher against one group corpus, re-synced when the corpus grows."""
+class BatchDrafter:
+    """Every running request's draft state, stepped in one compiled call per decode step.
 
-    def __init__(self, corpus_getter, resync_tokens: int):
-        self._get = corpus_getter
-        self._resync = resync_tokens
-        self._corpus: ResponseCorpus | None = None
-        self._version = -1
-        self._matcher: Matcher | None = None
+    A request is identified by its slot (the pool slot of its own automaton over prompt + verified tokens).
+    Its matchers into its group's sibling and history corpora are rows of the ``src_*`` arrays.
+    """
 
-    def feed(self, tokens: np.ndarray, own_text: SuffixAutomaton) -> None:
-        corpus = self._get()
-        if corpus is not self._corpus or corpus.version != self._version:
-            self._corpus, self._version = corpus, corpus.version
-            self._matcher = corpus.automaton.matcher() if corpus.num_tokens else None
-            if self._matcher is not None:
-                self._matcher.feed(own_text.tail(self._resync))
-            return
-        if self._matcher is not None:
-            self._matcher.feed(tokens)
+    SOURCES = 2  # siblings, history
 
-    def best(self) -> tuple[int, Matcher | None]:
-        if self._matcher is None:
-            return 0, None
-        return self._matcher.match_length, self._matcher
-
-
-class RequestDrafter:
-    """Draft state of one running request: its own automaton and its matchers into its group."""
-
-    def __init__(self, prompt: np.ndarray, key: bytes, group: Group | None, options: SAMOptions):
+    def __init__(self, options: SAMOptions, k: int):
         self.options = options
-        self.key = key
-        self.group = group
-        self.prompt_len = int(prompt.size)
-        self.own = SuffixAutomaton(capacity=max(256, 2 * prompt.size))
-        self.own.extend(prompt)
-        self.sources: list[GroupMatcher] = []
+        self.k = k
+        self.pool = AutomatonPool()
+        self.groups = GroupStore(options, self.pool)
+        self.requests: dict[int, tuple[SuffixAutomaton, int, bytes, Group | None]] = {}
+        self._size = 0
+        self._resize(64)
+        self._out = np.zeros((64, k), dtype=np.int32)
+        self._out_n = np.zeros(64, dtype=np.int32)
+
+    def _resize(self, size: int) -> None:
+        def grown(a: np.ndarray, fill: int) -> np.ndarray:
+            b = np.full((size, self.SOURCES), fill, dtype=np.int64)
+            b[: a.shape[0]] = a
+            return b
+
+        empty = np.zeros((0, self.SOURCES), dtype=np.int64)
+        self.src_slot = grown(getattr(self, "src_slot", empty), -1)
+        self.src_state = grown(getattr(self, "src_state", empty), 0)
+        self.src_len = grown(getattr(self, "src_len", empty), 0)
+        self.src_seen = grown(getattr(self, "src_seen", empty), -1)
+        self._size = size
+
+    def start(self, prompt: np.ndarray, key: bytes) -> int:
+        """A new request with context ``prompt``; ``key`` names its prompt's group. Returns its slot."""
+        own = SuffixAutomaton(capacity=max(256, 2 * prompt.size), pool=self.pool)
+        own.extend(prompt)
+        slot = own.slot
+        if slot >= self._size:
+            self._resize(max(2 * self._size, slot + 1))
+        opts = self.options
+        group = self.groups.join(key) if opts.group_sharing or opts.cross_epoch else None
+        sources = [-1] * self.SOURCES
+        if group is not None and opts.group_sharing:
+            sources[0] = group.siblings.slot
+        if group is not None and opts.cross_epoch:
+            sources[1] = group.history.slot
+        self.src_slot[slot] = sources
+        self.src_state[slot] = 0
+        self.src_len[slot] = 0
+        self.src_seen[slot] = -1
+        self.requests[slot] = (own, int(prompt.size), key, group)
+        return slot
+
+    def finish(self, slot: int) -> None:
+        """The request left the batch: its response joins its group, its memory is freed."""
+        own, prompt_len, key, group = self.requests.pop(slot)
         if group is not None:
-            if options.group_sharing:
-                self.sources.append(GroupMatcher(lambda: group.siblings, options.resync_tokens))
-            if options.cross_epoch:
-                self.sources.append(GroupMatcher(lambda: group.history, options.resync_tokens))
+            self.groups.leave(key, group, own.text()[prompt_len:])
+        self.src_slot[slot] = -1
+        self.pool.release(slot)
 
-    def __len__(self) -> int:
-        return len(self.own)
+    def text(self, slot: int) -> np.ndarray:
+        return self.requests[slot][0].text()
 
-    def extend(self, tokens: np.ndarray) -> None:
-        self.own.extend(tokens)
-        for src in self.sources:
-            src.feed(tokens, self.own)
-
-    def draft(self, k: int) -> list[int]:
-        """Draft from the source with the longest match (the request's own text wins ties)."""
-        best_len = self.own.match_length + self.options.own_bonus
-        best: SuffixAutomaton | Matcher = self.own
-        for src in self.sources:
-            length, matcher = src.best()
-            if matcher is not None and length > best_len:
-                best_len, best = length, matcher
-        n = self.options.draft_length(best.match_length, k)
-        return best.draft(n, self.options.min_match) if n else []
-
-    def response(self) -> np.ndarray:
-        return self.own.text()[self.prompt_len :]
+    def step(self, slots: np.ndarray, tokens: np.ndarray, offsets: np.ndarray, ks: np.ndarray) -> list[list[int]]:
+        """Append ``tokens[offsets[r]:offsets[r + 1]]`` to request ``slots[r]`` (-1: no request) and draft up
+        to ``ks[r]`` tokens for it."""
+        rows = slots.shape[0]
+        short = np.zeros(rows, dtype=np.bool_)
+        if rows_short_of_room(self.pool.text, self.pool.meta, slots, offsets, short):
+            for r in np.flatnonzero(short):
+                self.requests[int(slots[r])][0].reserve(int(offsets[r + 1] - offsets[r]))
+        if self._out.shape[0] < rows:
+            self._out = np.zeros((rows, self.k), dtype=np.int32)
+            self._out_n = np.zeros(rows, dtype=np.int32)
+        opts = self.options
+        step_rows(
+            *self.pool.lists, slots, tokens, offsets, ks, self.src_slot, self.src_state, self.src_len,
+            self.src_seen, opts.min_match, float(opts.tokens_per_match), opts.own_bonus, opts.resync_tokens,
+            self._out, self._out_n,
+        )  # fmt: skip
+        return [d[:n] for d, n in zip(self._out[:rows].tolist(), self._out_n[:rows].tolist(), strict=True)]

@@ -8,29 +8,26 @@ context before this step's tokens has length ``m`` and ends in the drafter's las
 match is a new request (its context before this step is its prompt: the group key). A drafter whose row is
 gone finished: its response goes to its group and its memory is freed. Only verified tokens (what vLLM
 reports as sampled) ever enter an automaton.
+
+The common case (each row holds the request it held last step) is checked in one compiled call and the
+whole step (extend, group matchers, drafts) runs in another (:class:`~sam.policy.BatchDrafter`); Python
+touches rows one by one only when rows moved, started or finished.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-from collections import defaultdict
+from itertools import chain
 
 import numpy as np
 
-from sam.policy import GroupStore, RequestDrafter, SAMOptions
+from sam.automaton import _verify_rows
+from sam.policy import BatchDrafter, SAMOptions
 
 logger = logging.getLogger(__name__)
 
 TAIL_TOKENS = 16  # tokens compared to re-identify a row
-
-
-def _tail_key(length: int, tail: np.ndarray) -> tuple[int, bytes]:
-    return length, tail.tobytes()
-
-
-def _drafter_key(drafter: RequestDrafter) -> tuple[int, bytes]:
-    return _tail_key(len(drafter), drafter.own.tail(TAIL_TOKENS))
 
 
 class SAMProposer:
@@ -42,8 +39,10 @@ class SAMProposer:
         self.max_model_len = int(vllm_config.model_config.max_model_len)
         extra = getattr(vllm_config, "additional_config", None) or {}
         self.options = SAMOptions.from_dict(extra.get("sam"))
-        self.groups = GroupStore(self.options)
-        self.rows: dict[int, RequestDrafter] = {}
+        self.drafter = BatchDrafter(self.options, self.k)
+        self.row_slots = np.full(0, -1, dtype=np.int64)  # last step's row -> request slot
+        self._claimed = np.zeros(0, dtype=np.int64)
+        self._stamp = 0
         self.steps = 0
         self.gated_steps = 0
         logger.info("SAMProposer: K=%d options=%s", self.k, self.options)
@@ -53,72 +52,76 @@ class SAMProposer:
 
     def state_dict(self) -> dict:
         """Cross-rollout memory (each prompt's history responses), for trainer checkpoints."""
-        return {
-            key: [r.copy() for r in g.history.responses] for key, g in self.groups.groups.items() if g.history.responses
-        }
+        groups = self.drafter.groups.groups
+        return {key: [r.copy() for r in g.history.responses] for key, g in groups.items() if g.history.responses}
 
     def load_state_dict(self, state: dict) -> None:
-        self.groups = GroupStore(self.options)
-        self.rows = {}
+        self.drafter = BatchDrafter(self.options, self.k)
+        self.row_slots = np.full(0, -1, dtype=np.int64)
         for key, responses in state.items():
-            group = self.groups.join(key)
+            group = self.drafter.groups.join(key)
             group.active = 0
             for r in responses:
                 group.history.add(np.asarray(r, dtype=np.int32))
 
-    def _start(self, context: np.ndarray) -> RequestDrafter:
-        prompt = context.astype(np.int32, copy=True)
-        key = hashlib.blake2b(prompt.tobytes(), digest_size=16).digest()
-        share = self.options.group_sharing or self.options.cross_epoch
-        group = self.groups.join(key) if share else None
-        return RequestDrafter(prompt, key, group, self.options)
+    def request_text(self, row: int) -> np.ndarray:
+        """Prompt + verified tokens of the request on ``row`` as of the last step."""
+        return self.drafter.text(int(self.row_slots[row]))
 
-    def _finish(self, drafter: RequestDrafter) -> None:
-        if drafter.group is not None:
-            self.groups.leave(drafter.key, drafter.group, drafter.response())
+    @property
+    def num_requests(self) -> int:
+        return len(self.drafter.requests)
+
+    def _identify(self, sampled_token_ids, before: np.ndarray, token_ids_cpu) -> np.ndarray:
+        """Request slot of each row (-1 for rows with no new tokens); starts and finishes requests."""
+        rows = len(sampled_token_ids)
+        drafter = self.drafter
+        if self._claimed.shape[0] < len(drafter.pool):
+            self._claimed = np.zeros(2 * len(drafter.pool), dtype=np.int64)
+        self._stamp += 1
+        guess = np.full(rows, -1, dtype=np.int64)
+        prev = self.row_slots[:rows]
+        guess[: prev.shape[0]] = prev
+        ok = np.zeros(rows, dtype=np.bool_)
+        _verify_rows(drafter.pool.text, drafter.pool.meta, guess, before, token_ids_cpu, TAIL_TOKENS,
+                     self._claimed, self._stamp, ok)  # fmt: skip
+        slots = np.where(ok, guess, -1)
+        moved = [r for r in np.flatnonzero(~ok).tolist() if len(sampled_token_ids[r])]
+        if moved:
+            claimed = set(slots[ok].tolist())
+            by_key: dict[tuple[int, bytes], list[int]] = {}
+            for slot, (own, *_rest) in drafter.requests.items():
+                if slot not in claimed:
+                    by_key.setdefault((len(own), own.tail(TAIL_TOKENS).tobytes()), []).append(slot)
+            for r in moved:
+                b = int(before[r])
+                row = np.asarray(token_ids_cpu[r, :b], dtype=np.int32)
+                candidates = by_key.get((b, row[max(0, b - TAIL_TOKENS) :].tobytes()))
+                if candidates:
+                    slots[r] = candidates.pop()
+                else:
+                    key = hashlib.blake2b(row.tobytes(), digest_size=16).digest()
+                    slots[r] = drafter.start(row, key)
+        live = slots[slots >= 0]
+        if live.shape[0] != len(drafter.requests):  # some request's row is gone: it finished
+            kept = set(live.tolist())
+            for slot in [s for s in drafter.requests if s not in kept]:
+                drafter.finish(slot)
+        return slots
 
     def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, *args, **kwargs) -> list[list[int]]:
         self.steps += 1
-        num_rows = len(sampled_token_ids)
-        previous = self.rows
-        by_key: dict[tuple[int, bytes], list[RequestDrafter]] | None = None  # built on the first moved row
-        current: dict[int, RequestDrafter] = {}
-        claimed: set[int] = set()
-        for i, sampled in enumerate(sampled_token_ids):
-            if not sampled:
-                continue
-            before = int(num_tokens_no_spec[i]) - len(sampled)
-            row = token_ids_cpu[i]
-            tail = row[max(0, before - TAIL_TOKENS) : before].astype(np.int32, copy=False).tobytes()
-            drafter = previous.get(i)
-            if (
-                drafter is None
-                or len(drafter) != before
-                or id(drafter) in claimed
-                or drafter.own.tail(TAIL_TOKENS).tobytes() != tail
-            ):
-                if by_key is None:  # rows were reordered or condensed: find drafters by content
-                    by_key = defaultdict(list)
-                    for d in previous.values():
-                        by_key[_drafter_key(d)].append(d)
-                drafter = next((d for d in by_key.get((before, tail), ()) if id(d) not in claimed), None)
-            if drafter is None:
-                drafter = self._start(np.asarray(row[:before]))
-            claimed.add(id(drafter))
-            drafter.extend(np.asarray(sampled, dtype=np.int32))
-            current[i] = drafter
-
-        for d in previous.values():
-            if id(d) not in claimed:
-                self._finish(d)
-        self.rows = current
-
-        drafts: list[list[int]] = [[] for _ in range(num_rows)]
-        if len(current) > self.options.batch_threshold:
+        rows = len(sampled_token_ids)
+        counts = np.fromiter(map(len, sampled_token_ids), dtype=np.int64, count=rows)
+        offsets = np.zeros(rows + 1, dtype=np.int64)
+        np.cumsum(counts, out=offsets[1:])
+        tokens = np.fromiter(chain.from_iterable(sampled_token_ids), dtype=np.int32, count=int(offsets[-1]))
+        num_tokens = np.asarray(num_tokens_no_spec[:rows], dtype=np.int64)
+        slots = self._identify(sampled_token_ids, num_tokens - counts, token_ids_cpu)
+        self.row_slots = slots
+        if len(self.drafter.requests) > self.options.batch_threshold:
             self.gated_steps += 1
-            return drafts
-        for i, drafter in current.items():
-            k = min(self.k, self.max_model_len - int(num_tokens_no_spec[i]) - 1)
-            if k > 0:
-                drafts[i] = drafter.draft(k)
-        return drafts
+            ks = np.zeros(rows, dtype=np.int64)
+        else:
+            ks = np.clip(self.max_model_len - num_tokens - 1, 0, self.k)
+        return self.drafter.step(slots, tokens, offsets, ks)

@@ -61,23 +61,24 @@ class Driver:
         return out
 
 
-def random_requests(rng, n: int, prompts: int = 3) -> dict[str, tuple[list[int], list[int]]]:
+def random_requests(rng, n: int, prompts: int = 3, max_len: int = 80) -> dict[str, tuple[list[int], list[int]]]:
     base = [list(map(int, rng.integers(0, 6, size=rng.integers(3, 9)))) for _ in range(prompts)]
     motif = list(map(int, rng.integers(0, 6, size=7)))
     reqs = {}
     for i in range(n):
         resp = []
-        while len(resp) < rng.integers(10, 80):
+        while len(resp) < rng.integers(10, max_len):
             resp += motif if rng.random() < 0.5 else list(map(int, rng.integers(0, 6, size=5)))
         reqs[f"r{i}"] = (base[i % prompts], resp)
     return reqs
 
 
-def test_rows_are_tracked_through_reordering_and_only_verified_tokens_enter():
+@pytest.mark.parametrize("max_len", [80, 900])  # 900: automata outgrow their arrays mid-rollout
+def test_rows_are_tracked_through_reordering_and_only_verified_tokens_enter(max_len):
     rng = np.random.default_rng(0)
     opts = {"group_sharing": False, "cross_epoch": False, "batch_threshold": 100, "min_match": 1}
     proposer = make_proposer(**opts)
-    drv = Driver(proposer, random_requests(rng, 12))
+    drv = Driver(proposer, random_requests(rng, 12, max_len=max_len))
     while drv.rows:
         rows_before = list(drv.rows)
         drafts = drv.step()
@@ -87,13 +88,14 @@ def test_rows_are_tracked_through_reordering_and_only_verified_tokens_enter():
             ref.extend(text)
             expected = ref.draft(SAMOptions.from_dict(opts).draft_length(ref.match_length, K), 1)
             assert drafts[rid] == expected, rid
-        live = {id(d) for d in proposer.rows.values()}
-        assert len(live) == len(proposer.rows) == len(rows_before)  # one drafter per running request
+        assert proposer.num_requests == len(rows_before)  # one drafter per running request
+        assert len(set(proposer.row_slots.tolist())) == len(rows_before)
         for i, rid in enumerate(drv.last_rows):
-            assert proposer.rows[i].own.text().tolist() == drv.text(rid)
+            assert proposer.request_text(i).tolist() == drv.text(rid)
     drv.step() if drv.rows else proposer.propose([], drv.num_tokens, drv.token_ids)
-    assert proposer.rows == {}  # finished requests are freed
-    assert proposer.groups.groups == {}
+    assert proposer.num_requests == 0  # finished requests are freed
+    assert proposer.drafter.groups.groups == {}
+    assert proposer.drafter.pool.live() == 0  # and so are their automata
 
 
 def test_batch_size_gate_turns_drafting_on_in_the_tail():
@@ -129,7 +131,7 @@ def test_siblings_draft_from_finished_siblings_and_history_across_rollouts():
             correct_from_sibling += 1
     assert correct_from_sibling >= 3
     proposer.propose([], drv.num_tokens, drv.token_ids)
-    group = next(iter(proposer.groups.groups.values()))
+    group = next(iter(proposer.drafter.groups.groups.values()))
     assert group.active == 0 and group.history.num_tokens > 2 * len(answer)
     # rollout 2 (next epoch): a new sample of the same prompt drafts from history right away
     drv2 = Driver(proposer, {"c": (prompt, answer)}, seed=5)
@@ -152,9 +154,9 @@ def test_sharing_switches_are_separate():
             drv.step()
         proposer.propose([], drv.num_tokens, drv.token_ids)
         if history:
-            assert next(iter(proposer.groups.groups.values())).history.num_tokens > 0
+            assert next(iter(proposer.drafter.groups.groups.values())).history.num_tokens > 0
         else:
-            assert proposer.groups.groups == {}
+            assert proposer.drafter.groups.groups == {}
 
 
 def test_bad_options_are_named():

@@ -43,3 +43,52 @@ def test_greedy_tokens_match_training_module_and_mtp_drafts(fp32_engine, harness
                 seq.append(int(model(torch.tensor(seq), with_mtp=False).logits[-1].argmax()))
         assert seq[len(ids) :] == list(out.outputs[0].token_ids)
     assert counters.num_drafts > 0 and counters.num_accepted_tokens > 0
+
+
+def _drafter_mismatch(worker, payload: bytes) -> dict[str, float]:
+    """Runs in the vLLM worker: for every drafter parameter, the largest difference from ``payload``.
+
+    Linear layers are probed through their forward (on CPU vLLM may keep only a repacked copy of the
+    weight), everything else is compared directly."""
+    import torch.nn.functional as F
+    from safetensors.torch import load
+    from vllm.model_executor.layers.linear import LinearBase
+
+    expected = load(payload)
+    gen = torch.Generator().manual_seed(0)
+    worst: dict[str, float] = {}
+    for name, mod in worker.model_runner.drafter.model.named_modules():
+        if isinstance(mod, LinearBase):
+            w, b = expected[f"{name}.weight"], expected.get(f"{name}.bias")
+            x = torch.randn(3, w.shape[1], generator=gen)
+            got = mod(x)
+            got = got[0] if isinstance(got, tuple) else got
+            worst[f"{name}.weight"] = float((got - F.linear(x, w, b)).abs().max())
+            continue
+        for p_name, param in mod.named_parameters(recurse=False):
+            key = f"{name}.{p_name}"
+            ref = expected[key]
+            worst[key] = float((param.data[: ref.shape[0]] - ref).abs().max())
+    return worst
+
+
+@pytest.mark.slow
+def test_engine_drafter_receives_the_trained_mtp_head(fp32_engine, harness_model):
+    """After a weight sync the engine's MTP drafter holds exactly the trained head (run last: it changes
+    the engine's weights)."""
+    from recipe.dapo.rollout import sync_weights, vllm_weights_payload
+
+    policy = load_checkpoint(harness_model)
+    original = {k: v.clone() for k, v in policy.state_dict().items()}
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():  # stands in for an online-MTP update: only the MTP layer moves
+        for p in policy.model.mtp_layers.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=gen))
+    sync_weights(fp32_engine, policy.state_dict())
+    trained = fp32_engine.collective_rpc(
+        _drafter_mismatch, args=(vllm_weights_payload(fp32_engine, policy.state_dict()),)
+    )[0]
+    stale = fp32_engine.collective_rpc(_drafter_mismatch, args=(vllm_weights_payload(fp32_engine, original),))[0]
+    assert max(trained.values()) < 1e-5, {k: v for k, v in trained.items() if v >= 1e-5}
+    moved = [k for k, v in stale.items() if v > 1e-3]
+    assert any("input_proj" in k for k in moved) and any("mtp_block" in k for k in moved)  # the check can fail

@@ -102,6 +102,22 @@ def _load_weights_on_worker(worker, payload: bytes) -> tuple[int, int]:
     return n_model, n_draft
 
 
+def vllm_weights_payload(llm, state_dict: dict[str, torch.Tensor]) -> bytes:
+    """HF-named tensors (trunk and MTP layers) as one safetensors blob under the engine's parameter names."""
+    from safetensors.torch import save
+
+    layers = llm.llm_engine.vllm_config.model_config.hf_config.num_hidden_layers
+    hf = {name: t.detach().to("cpu") for name, t in state_dict.items()}
+    return save({k: v.contiguous() for k, v in to_vllm_names(hf, layers).items()})
+
+
+def sync_weights(llm, state_dict: dict[str, torch.Tensor]) -> None:
+    """Push the trained weights into every worker's model and drafter (the MTP head reaches vLLM's MTP
+    drafter here); the prefix cache is dropped since cached KV belongs to the old weights."""
+    llm.collective_rpc(_load_weights_on_worker, args=(vllm_weights_payload(llm, state_dict),))
+    llm.reset_prefix_cache()
+
+
 class RolloutEngine:
     """A vLLM engine for the policy with the chosen speculative method."""
 
@@ -168,14 +184,7 @@ class RolloutEngine:
         return RolloutResult(responses, timeline, spec_counters(self.llm) - spec_before)
 
     def sync_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        """Push the trained weights (HF names: trunk and MTP layers) into every worker's model and drafter."""
-        from safetensors.torch import save
-
-        layers = self.llm.llm_engine.vllm_config.model_config.hf_config.num_hidden_layers
-        hf = {name: t.detach().to("cpu") for name, t in state_dict.items()}
-        payload = save({k: v.contiguous() for k, v in to_vllm_names(hf, layers).items()})
-        self.llm.collective_rpc(_load_weights_on_worker, args=(payload,))
-        self.llm.reset_prefix_cache()
+        sync_weights(self.llm, state_dict)
 
     def close(self) -> None:
         """Stop the engine's processes now (left to interpreter exit, vLLM's shutdown can hang)."""

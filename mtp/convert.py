@@ -1,0 +1,128 @@
+"""Checkpoint converters between the HF MiMo layout and Megatron-core's GPT + MTP layout.
+
+The one non-mechanical difference: MiMo's MTP layer projects ``cat([hidden, embedding])``
+(``model.mtp_layers.{k}.input_proj``), Megatron and DeepSeek project ``cat([embedding, hidden])``
+(``mtp.layers.{k}.eh_proj``), so the two column halves of that weight swap in both directions. Getting it
+wrong loads without any error and silently ruins the draft head (tests/test_mtp.py measures how much).
+
+The rest is Megatron's naming: fused ``linear_qkv`` (query heads of each KV group followed by that group's
+key and value), ``linear_fc1`` = ``[gate; up]``, pre-norm weights stored on the following linear layer, and
+the MTP decoder block under ``transformer_layer``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mtp.model import MiMoConfig
+
+_MTP_NORMS = {"token_layernorm": "enorm", "hidden_layernorm": "hnorm", "final_layernorm": "final_layernorm"}
+_LAYER = {
+    "self_attn.o_proj.weight": "self_attention.linear_proj.weight",
+    "input_layernorm.weight": "self_attention.linear_qkv.layer_norm_weight",
+    "post_attention_layernorm.weight": "mlp.linear_fc1.layer_norm_weight",
+    "mlp.down_proj.weight": "mlp.linear_fc2.weight",
+}
+_TOP = {
+    "model.embed_tokens.weight": "embedding.word_embeddings.weight",
+    "model.norm.weight": "decoder.final_layernorm.weight",
+    "lm_head.weight": "output_layer.weight",
+}
+
+
+def swap_halves(weight: torch.Tensor) -> torch.Tensor:
+    """``[A | B]`` -> ``[B | A]`` along the input dimension (MiMo <-> Megatron/DeepSeek MTP projection)."""
+    first, second = weight.chunk(2, dim=1)
+    return torch.cat([second, first], dim=1)
+
+
+def _fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: MiMoConfig) -> torch.Tensor:
+    groups, per = cfg.num_key_value_heads, cfg.num_attention_heads // cfg.num_key_value_heads
+    hd = cfg.head_dim
+    q = q.reshape(groups, per * hd, *q.shape[1:])
+    k = k.reshape(groups, hd, *k.shape[1:])
+    v = v.reshape(groups, hd, *v.shape[1:])
+    return torch.cat([q, k, v], dim=1).reshape(-1, *q.shape[2:])
+
+
+def _split_qkv(qkv: torch.Tensor, cfg: MiMoConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    groups, per = cfg.num_key_value_heads, cfg.num_attention_heads // cfg.num_key_value_heads
+    hd = cfg.head_dim
+    g = qkv.reshape(groups, (per + 2) * hd, *qkv.shape[1:])
+    q, k, v = g.split([per * hd, hd, hd], dim=1)
+    return q.reshape(-1, *qkv.shape[1:]), k.reshape(-1, *qkv.shape[1:]), v.reshape(-1, *qkv.shape[1:])
+
+
+def _layer_to_megatron(prefix: str, hf: dict[str, torch.Tensor], out_prefix: str, cfg: MiMoConfig, out: dict) -> None:
+    for src, dst in _LAYER.items():
+        out[out_prefix + dst] = hf[prefix + src]
+    for part in ("weight", "bias"):
+        q, k, v = (hf[f"{prefix}self_attn.{p}_proj.{part}"] for p in "qkv")
+        out[f"{out_prefix}self_attention.linear_qkv.{part}"] = _fuse_qkv(q, k, v, cfg)
+    gate, up = hf[prefix + "mlp.gate_proj.weight"], hf[prefix + "mlp.up_proj.weight"]
+    out[out_prefix + "mlp.linear_fc1.weight"] = torch.cat([gate, up], dim=0)
+
+
+def _layer_to_hf(prefix: str, mc: dict[str, torch.Tensor], out_prefix: str, cfg: MiMoConfig, out: dict) -> None:
+    for dst, src in _LAYER.items():
+        out[out_prefix + dst] = mc[prefix + src]
+    for part in ("weight", "bias"):
+        q, k, v = _split_qkv(mc[f"{prefix}self_attention.linear_qkv.{part}"], cfg)
+        for name, t in zip("qkv", (q, k, v), strict=True):
+            out[f"{out_prefix}self_attn.{name}_proj.{part}"] = t
+    gate, up = mc[prefix + "mlp.linear_fc1.weight"].chunk(2, dim=0)
+    out[out_prefix + "mlp.gate_proj.weight"] = gate
+    out[out_prefix + "mlp.up_proj.weight"] = up
+
+
+def mimo_to_megatron(hf: dict[str, torch.Tensor], cfg: MiMoConfig) -> dict[str, torch.Tensor]:
+    """HF MiMo state dict -> Megatron-core GPT + MTP names and layouts."""
+    hf = _Tracked(hf)
+    out = {dst: hf[src] for src, dst in _TOP.items()}
+    for i in range(cfg.num_hidden_layers):
+        _layer_to_megatron(f"model.layers.{i}.", hf, f"decoder.layers.{i}.", cfg, out)
+    for k in range(cfg.num_nextn_predict_layers):
+        src, dst = f"model.mtp_layers.{k}.", f"mtp.layers.{k}."
+        _layer_to_megatron(src, hf, dst + "transformer_layer.", cfg, out)
+        for hf_norm, mc_norm in _MTP_NORMS.items():
+            out[f"{dst}{mc_norm}.weight"] = hf[f"{src}{hf_norm}.weight"]
+        out[dst + "eh_proj.weight"] = swap_halves(hf[src + "input_proj.weight"])
+    _check_consumed(hf, "HF MiMo")
+    return out
+
+
+def megatron_to_mimo(mc: dict[str, torch.Tensor], cfg: MiMoConfig) -> dict[str, torch.Tensor]:
+    """Megatron-core GPT + MTP state dict -> HF MiMo names and layouts (what vLLM and transformers load)."""
+    mc = _Tracked(mc)
+    out = {src: mc[dst] for src, dst in _TOP.items()}
+    for i in range(cfg.num_hidden_layers):
+        _layer_to_hf(f"decoder.layers.{i}.", mc, f"model.layers.{i}.", cfg, out)
+    for k in range(cfg.num_nextn_predict_layers):
+        src, dst = f"mtp.layers.{k}.", f"model.mtp_layers.{k}."
+        _layer_to_hf(src + "transformer_layer.", mc, dst, cfg, out)
+        for hf_norm, mc_norm in _MTP_NORMS.items():
+            out[f"{dst}{hf_norm}.weight"] = mc[f"{src}{mc_norm}.weight"]
+        out[dst + "input_proj.weight"] = swap_halves(mc[src + "eh_proj.weight"])
+    _check_consumed(mc, "Megatron")
+    return out
+
+
+class _Tracked(dict):
+    """A state dict that remembers which tensors were read, so nothing is silently dropped."""
+
+    def __init__(self, d: dict):
+        super().__init__(d)
+        self.read: set[str] = set()
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        self.read.add(key)
+        return super().__getitem__(key)
+
+
+def _check_consumed(src: _Tracked, layout: str) -> None:
+    unmapped = sorted(set(src) - src.read)
+    if unmapped:
+        raise ValueError(
+            f"{layout} state dict has {len(unmapped)} tensor(s) the config does not account for, e.g. "
+            f"{unmapped[:4]}; check num_hidden_layers / num_nextn_predict_layers"
+        )

@@ -1,0 +1,281 @@
+"""Online MTP training: mask conventions, gradient isolation, packing, CP zigzag roll, checkpoint converters,
+and the engine's drafter receiving the trained head."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mtp.convert import megatron_to_mimo, mimo_to_megatron, swap_halves
+from mtp.cp import padded_cu_seqlens, roll_zigzag, zigzag_merge, zigzag_split
+from mtp.loss import masked_ce, mtp_targets, next_token_targets, roll_packed
+from mtp.model import MiMoConfig, MiMoForCausalLM
+
+
+def packed(lengths: list[int]) -> torch.Tensor:
+    cu = torch.zeros(len(lengths) + 1, dtype=torch.long)
+    cu[1:] = torch.tensor(lengths).cumsum(0)
+    return cu
+
+
+def oracle_mtp_mask(response_mask: torch.Tensor, cu: torch.Tensor, depth: int) -> torch.Tensor:
+    """Brute force: position t trains MTP depth k iff tokens t+1 .. t+2+k exist in t's sequence and are all
+    response tokens (the input token t+1+k and the target t+2+k, and everything in between)."""
+    out = torch.zeros_like(response_mask)
+    for j in range(len(cu) - 1):
+        lo, hi = int(cu[j]), int(cu[j + 1])
+        for t in range(lo, hi):
+            ahead = range(t + 1, t + 3 + depth)
+            out[t] = int(all(a < hi and response_mask[a] == 1 for a in ahead))
+    return out
+
+
+def slime_label_aligned_double_roll(response_mask: torch.Tensor, cu: torch.Tensor) -> torch.Tensor:
+    """The reading of slime's current code in ../shared/research/mtp.md: a label-aligned mask (L[j] covers
+    predicting token j+1) rolled once before the MTP loop and once inside it, i.e. L[t+2] = m[t+3]."""
+    label_aligned = roll_packed(response_mask, cu, -1)
+    return roll_packed(roll_packed(label_aligned, cu, -1), cu, -1)
+
+
+def test_blog_example_mask():
+    """The slime blog: loss mask [1,0,1,1,0] gives MTP mask [0,1,0,-,-] ('-': no target, never trained)."""
+    ids = torch.tensor([10, 11, 12, 13, 14])
+    m = torch.tensor([1, 0, 1, 1, 0])
+    targets, mask = mtp_targets(ids, m, packed([5]))
+    assert mask.tolist() == [0, 1, 0, 0, 0]
+    assert targets[1] == 13  # position 1 reads token 2 (embedding) and predicts token 3
+
+
+@pytest.mark.parametrize("depth", [0, 1])
+def test_mtp_mask_matches_the_definition_on_packed_multi_turn_masks(depth):
+    gen = torch.Generator().manual_seed(depth)
+    lengths = [1, 2, 7, 13, 30, 5]
+    cu = packed(lengths)
+    for _ in range(20):
+        m = (torch.rand(int(cu[-1]), generator=gen) < 0.7).long()  # holes = tool/observation tokens
+        ids = torch.randint(0, 100, (int(cu[-1]),), generator=gen)
+        targets, mask = mtp_targets(ids, m, cu, depth=depth)
+        assert mask.tolist() == oracle_mtp_mask(m, cu, depth).tolist()
+        for t in torch.nonzero(mask).flatten().tolist():
+            assert targets[t] == ids[t + 2 + depth]
+
+
+def test_the_mask_check_catches_the_slime_off_by_one():
+    """The same oracle rejects the label-aligned double roll (so the check above can fail)."""
+    cu = packed([6, 9])
+    m = torch.tensor([0, 0, 1, 1, 1, 1] + [0, 0, 0, 1, 1, 1, 1, 1, 1])
+    ours = mtp_targets(torch.arange(15), m, cu)[1]
+    shifted = slime_label_aligned_double_roll(m, cu)
+    assert ours.tolist() == oracle_mtp_mask(m, cu, 0).tolist()
+    assert shifted.tolist() != oracle_mtp_mask(m, cu, 0).tolist()
+    # concretely, in sequence 1 (prompt of 2, response of 4 ending in EOS at token 5): the double roll trains
+    # position 0, which reads a prompt token, and never trains position 3, the one that predicts EOS
+    assert ours[:6].tolist() == [0, 1, 1, 1, 0, 0]
+    assert shifted[:6].tolist() == [1, 1, 1, 0, 0, 0]
+
+
+def test_prompt_response_boundary_and_eos():
+    """Prompt of P tokens, response of R tokens ending in EOS, followed by another packed sequence: MTP
+    trains at positions P-1 .. P+R-3 exactly; the first reads the first response token, the last predicts EOS;
+    nothing targets a token of the next sequence."""
+    eos = 99
+    p_len, r_len = 4, 6
+    seq1 = [1, 2, 3, 4] + [20, 21, 22, 23, 24, eos]
+    seq2 = [5, 6, 30, 31, eos]
+    ids = torch.tensor(seq1 + seq2)
+    m = torch.tensor([0] * p_len + [1] * r_len + [0, 0, 1, 1, 1])
+    cu = packed([len(seq1), len(seq2)])
+    targets, mask = mtp_targets(ids, m, cu)
+    trained = torch.nonzero(mask[: len(seq1)]).flatten().tolist()
+    assert trained == list(range(p_len - 1, p_len + r_len - 2))
+    assert targets[trained[-1]] == eos
+    assert ids[trained[0] + 1] == seq1[p_len]  # reads the first response token
+    assert mask[len(seq1) - 2 :].tolist()[:2] == [0, 0]  # the last two slots of seq 1 have no target in seq 1
+    nt_targets, nt_mask = next_token_targets(ids, m, cu)
+    assert nt_mask[len(seq1) - 1] == 0 and nt_targets[len(seq1) - 1] == 0  # never predicts seq 2's first token
+
+
+@pytest.mark.parametrize("shift", [-1, -2, 1])
+def test_packed_roll_equals_per_sequence_roll(shift):
+    lengths = [3, 1, 8, 5]
+    cu = packed(lengths)
+    x = torch.arange(1, int(cu[-1]) + 1)
+    rolled = roll_packed(x, cu, shift)
+    for j in range(len(lengths)):
+        seq = x[int(cu[j]) : int(cu[j + 1])]
+        ref = torch.roll(seq, shift)
+        if shift < 0:
+            ref[shift:] = 0  # vacated slots are zero, not wrapped around
+        else:
+            ref[:shift] = 0
+        assert rolled[int(cu[j]) : int(cu[j + 1])].tolist() == ref.tolist()
+
+
+def tiny_model(tie: bool = False, seed: int = 0) -> MiMoForCausalLM:
+    cfg = MiMoConfig(
+        vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, tie_word_embeddings=tie,
+    )  # fmt: skip
+    model = MiMoForCausalLM(cfg)
+    model.init_weights(seed, std=0.2)
+    return model
+
+
+@torch.no_grad()
+def test_mtp_loss_packed_equals_unpacked():
+    model = tiny_model()
+    gen = torch.Generator().manual_seed(1)
+    lengths = [9, 4, 12]
+    cu = packed(lengths)
+    ids = torch.randint(0, 40, (int(cu[-1]),), generator=gen)
+    m = (torch.rand(int(cu[-1]), generator=gen) < 0.8).long()
+    out = model(ids, cu)
+    t, mask = mtp_targets(ids, m, cu)
+    ce = F.cross_entropy(out.mtp_logits[0], t, reduction="none") * mask
+    total = 0.0
+    for j in range(len(lengths)):
+        sl = slice(int(cu[j]), int(cu[j + 1]))
+        single_cu = packed([lengths[j]])
+        o = model(ids[sl], single_cu)
+        ts, ms = mtp_targets(ids[sl], m[sl], single_cu)
+        total += float((F.cross_entropy(o.mtp_logits[0], ts, reduction="none") * ms).sum())
+    assert float(ce.sum()) == pytest.approx(total, rel=1e-5)
+
+
+def grads(model: MiMoForCausalLM) -> dict[str, torch.Tensor | None]:
+    return {n: (None if p.grad is None else p.grad.clone()) for n, p in model.named_parameters()}
+
+
+def losses(model, ids, m, cu, detach: bool = True):
+    out = model(ids, cu, with_mtp=True, detach_mtp_inputs=detach)
+    nt, nm = next_token_targets(ids, m, cu)
+    policy = masked_ce(out.logits, nt, nm)[0]  # stands in for the policy loss: any function of the trunk
+    t, mask = mtp_targets(ids, m, cu)
+    return policy, masked_ce(out.mtp_logits[0], t, mask)[0]
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_mtp_loss_updates_only_mtp_parameters(tie):
+    model = tiny_model(tie)
+    gen = torch.Generator().manual_seed(2)
+    cu = packed([10, 14])
+    ids = torch.randint(0, 40, (24,), generator=gen)
+    m = torch.tensor([0] * 3 + [1] * 7 + [0] * 5 + [1] * 9)
+    is_mtp = {n: n.startswith("model.mtp_layers.") for n, _ in model.named_parameters()}
+
+    model.zero_grad(set_to_none=True)
+    losses(model, ids, m, cu)[1].backward()
+    mtp_only = grads(model)
+    for name, g in mtp_only.items():
+        if is_mtp[name]:
+            assert g is not None and g.abs().sum() > 0, name
+        else:
+            assert g is None or g.abs().sum() == 0, f"MTP loss reached {name}"
+
+    model.zero_grad(set_to_none=True)
+    losses(model, ids, m, cu)[0].backward()
+    policy_only = grads(model)
+    for name, g in policy_only.items():
+        if is_mtp[name]:
+            assert g is None or g.abs().sum() == 0, name
+
+    model.zero_grad(set_to_none=True)
+    policy, mtp = losses(model, ids, m, cu)
+    (policy + 0.2 * mtp).backward()
+    for name, g in grads(model).items():
+        expected = 0.2 * mtp_only[name] if is_mtp[name] else policy_only[name]
+        torch.testing.assert_close(g, expected, rtol=1e-6, atol=1e-7, msg=name)
+
+
+def test_without_detach_the_mtp_loss_does_reach_the_trunk():
+    """Control for the isolation test: the same check fails when inputs are not detached."""
+    model = tiny_model()
+    cu = packed([12])
+    ids = torch.randint(0, 40, (12,), generator=torch.Generator().manual_seed(3))
+    losses(model, ids, torch.ones(12, dtype=torch.long), cu, detach=False)[1].backward()
+    assert model.model.embed_tokens.weight.grad.abs().sum() > 0
+    assert model.lm_head.weight.grad.abs().sum() > 0
+    assert model.model.layers[0].self_attn.q_proj.weight.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("cp", [1, 2, 4])
+@pytest.mark.parametrize("shift", [-1, -2, -3])
+def test_cp_zigzag_roll_equals_the_unsplit_roll(cp, shift):
+    lengths = [1, 7, 16, 3, 9]  # odd lengths, shorter than 2*cp, and shorter than the shift
+    cu = packed(lengths)
+    x = torch.arange(1, int(cu[-1]) + 1)
+    shards = zigzag_split(x, cu, cp)
+    padded = padded_cu_seqlens(cu, cp)
+    assert len(shards) == cp and all(s.shape[0] == int(padded[-1]) // cp for s in shards)
+    assert zigzag_merge(shards, cu, cp).tolist() == x.tolist()
+    rolled = zigzag_merge(roll_zigzag(shards, cu, cp, shift), cu, cp)
+    assert rolled.tolist() == roll_packed(x, cu, shift).tolist()
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+def test_cp_mtp_mask_and_targets_equal_unsplit(cp):
+    lengths = [5, 11, 2]
+    cu = packed(lengths)
+    gen = torch.Generator().manual_seed(cp)
+    ids = torch.randint(1, 50, (int(cu[-1]),), generator=gen)
+    m = (torch.rand(int(cu[-1]), generator=gen) < 0.7).long()
+    targets, mask = mtp_targets(ids, m, cu)
+    t_cp = zigzag_merge(roll_zigzag(zigzag_split(ids, cu, cp), cu, cp, -2), cu, cp)
+    m_shards = zigzag_split(m, cu, cp)
+    m1 = roll_zigzag(m_shards, cu, cp, -1)
+    m2 = roll_zigzag(m_shards, cu, cp, -2)
+    mask_cp = zigzag_merge([a * b for a, b in zip(m1, m2, strict=True)], cu, cp)
+    assert t_cp.tolist() == targets.tolist() and mask_cp.tolist() == mask.tolist()
+
+
+def test_megatron_conversion_round_trips_exactly_and_swaps_the_projection_halves():
+    model = tiny_model()
+    cfg = model.config
+    hf = model.state_dict()
+    mc = mimo_to_megatron(hf, cfg)
+    assert "mtp.layers.0.eh_proj.weight" in mc and "decoder.layers.1.self_attention.linear_qkv.bias" in mc
+    h = cfg.hidden_size
+    proj = hf["model.mtp_layers.0.input_proj.weight"]
+    assert torch.equal(mc["mtp.layers.0.eh_proj.weight"][:, :h], proj[:, h:])  # Megatron: [embedding | hidden]
+    back = megatron_to_mimo(mc, cfg)
+    assert set(back) == set(hf)
+    for name in hf:
+        assert torch.equal(back[name], hf[name]), name
+    with pytest.raises(ValueError, match="mtp.layers.1"):
+        megatron_to_mimo({**mc, "mtp.layers.1.eh_proj.weight": proj}, cfg)
+
+
+def test_wrongly_ordered_head_has_much_higher_mtp_loss(harness_model):
+    """A trained head loaded with the projection halves in the wrong order (a converter that forgets the
+    swap) drafts far worse than one converted correctly."""
+    from mtp.checkpoint import load_checkpoint, load_tokenizer
+    from recipe.data.loader import load_problems
+    from recipe.sft.train import encode_example
+
+    model = load_checkpoint(harness_model)
+    tokenizer = load_tokenizer(harness_model)
+    problems = load_problems(harness_model.parent / "data" / "test.parquet", max_rows=24)
+    examples = [encode_example(tokenizer, p.messages, p.solution) for p in problems]
+    ids = torch.from_numpy(np.concatenate([e.ids for e in examples]))
+    m = torch.from_numpy(np.concatenate([e.response_mask for e in examples]))
+    cu = packed([len(e.ids) for e in examples])
+
+    def mtp_loss(state: dict) -> float:
+        model.load_state_dict(state)
+        with torch.no_grad():
+            out = model(ids, cu)
+        t, mask = mtp_targets(ids, m, cu)
+        return float(masked_ce(out.mtp_logits[0], t, mask)[0])
+
+    cfg = model.config
+    original = {k: v.clone() for k, v in model.state_dict().items()}
+    mc = mimo_to_megatron(original, cfg)
+    correct = mtp_loss(megatron_to_mimo(mc, cfg))
+    naive = dict(megatron_to_mimo(mc, cfg))
+    naive["model.mtp_layers.0.input_proj.weight"] = mc["mtp.layers.0.eh_proj.weight"]  # renamed, not swapped
+    wrong = mtp_loss(naive)
+    assert correct == pytest.approx(mtp_loss(original), abs=1e-6)
+    assert wrong > correct + 1.0, (correct, wrong)
+    assert torch.equal(swap_halves(swap_halves(mc["mtp.layers.0.eh_proj.weight"])), mc["mtp.layers.0.eh_proj.weight"])
