@@ -71,7 +71,7 @@ def test_unknown_key_is_named():
         ("spec.sam.min_match=0", "spec.sam"),
         ("algorithm.filter_groups.on_exhausted=maybe", "algorithm.filter_groups.on_exhausted"),
         ("trainer.resume=sometimes", "trainer.resume"),
-        ("backend=verl", "backend"),
+        ("backend=ray", "backend"),
     ],
 )
 def test_bad_values_fail_before_work_naming_the_key(override, key):

@@ -32,9 +32,14 @@ def resolve_inputs(cfg: DictConfig) -> tuple[str, str, str]:
     return str(model), str(train), str(val)
 
 
-def run(cfg: DictConfig) -> list[dict]:
+def run(cfg: DictConfig) -> list[dict] | DictConfig:
+    """Train on the chosen backend: the local history of metrics, or (backend=verl) veRL's config."""
     validate(cfg)
     model, train, val = resolve_inputs(cfg)
+    if cfg.backend == "verl":
+        from recipe.dapo.verl_backend import run_verl
+
+        return run_verl(cfg, model, train, val)
     from recipe.dapo.trainer import DAPOTrainer
 
     trainer = DAPOTrainer(cfg, model, train, val)

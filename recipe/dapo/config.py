@@ -22,11 +22,7 @@ def _require(ok: bool, key: str, message: str) -> None:
 
 def validate(cfg: DictConfig) -> None:
     """Raise :class:`ConfigError` naming the key for values that are out of range or inconsistent."""
-    _require(
-        cfg.backend == "local",
-        "backend",
-        f"only local is available in this version (the veRL/Ray cluster backend is not built yet), got {cfg.backend!r}",
-    )
+    _require(cfg.backend in ("local", "verl"), "backend", f"must be local or verl, got {cfg.backend!r}")
     spec = cfg.spec
     _require(spec.method in SPEC_METHODS, "spec.method", f"must be one of {SPEC_METHODS}, got {spec.method!r}")
     if spec.method != "off":
@@ -78,6 +74,11 @@ def validate(cfg: DictConfig) -> None:
     _require(rollout.name == "vllm", "actor_rollout_ref.rollout.name", f"only vllm is supported, got {rollout.name!r}")
     _require(rollout.n >= 2, "actor_rollout_ref.rollout.n", f"GRPO needs >= 2 samples per prompt, got {rollout.n}")
     _require(rollout.temperature >= 0, "actor_rollout_ref.rollout.temperature", "must be >= 0")
+    _require(
+        rollout.dtype in ("float32", "bfloat16", "float16"),
+        "actor_rollout_ref.rollout.dtype",
+        f"must be float32, bfloat16 or float16, got {rollout.dtype!r}",
+    )
     model_path = cfg.actor_rollout_ref.model.path
     if model_path is not None:
         _require(
@@ -113,6 +114,13 @@ def validate(cfg: DictConfig) -> None:
         tr.device in ("auto", "cpu", "cuda", "npu"),
         "trainer.device",
         f"must be auto, cpu, cuda or npu, got {tr.device!r}",
+    )
+    for key in ("nnodes", "n_gpus_per_node"):
+        _require(tr[key] >= 1, f"trainer.{key}", f"must be >= 1, got {tr[key]}")
+    _require(
+        cfg.actor_rollout_ref.actor.strategy in ("fsdp", "megatron"),
+        "actor_rollout_ref.actor.strategy",
+        f"must be fsdp or megatron, got {cfg.actor_rollout_ref.actor.strategy!r}",
     )
     loggers = {"console", "file", "wandb", "tensorboard", "mlflow", "swanlab"}
     bad = [x for x in tr.logger if x not in loggers]

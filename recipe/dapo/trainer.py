@@ -125,6 +125,7 @@ class DAPOTrainer:
             gpu_memory_utilization=ro.gpu_memory_utilization,
             enforce_eager=ro.enforce_eager,
             seed=self.seed,
+            dtype=str(ro.dtype),
         )
         self.engine = RolloutEngine(model_path, spec_cfg, options, extra, free_cache_engine=ro.free_cache_engine)
         self.tokenizer = self.engine.tokenizer

@@ -1,0 +1,341 @@
+"""Seeded A/B runs of the DAPO recipe across speculative modes, and the tables and plots that compare them.
+
+    python -m recipe.ab --name cpu24 trainer.total_training_steps=24        # all modes, then the report
+    python -m recipe.ab --name cpu24 --modes off,sam_group                  # a subset
+    python -m recipe.ab --name cpu24 --report-only                          # tables and plots again
+
+Every mode runs the same config, data and seed (``python -m recipe.dapo`` in its own process, so a crash of
+one mode loses nothing of the others, and a rerun resumes a killed mode from its checkpoint and skips
+finished ones). Runs go to ``runs/ab/<name>/<mode>/``; tables (markdown + CSV) and PNG plots to
+``results/ab/<name>/``:
+- (a) slime's layout: rollout tokens/s, long-tail tokens/s, longest-sample tokens/s, training time per step;
+- (b) the Ascend SAM article's layout: average inference time per generation round, total rollout time per
+  step, total time per step, and the gain over spec off;
+- lossless in training: each mode's per-step reward and response length against spec off (two-sided
+  permutation test of the difference in means over steps, alpha 0.01), and the final greedy accuracy
+  (two-proportion z-test);
+- plots: acceptance length, rollout throughput, reward and response length per step, and one rollout's
+  timeline (active requests and tokens/s over time) for spec off against SAM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+MODES: dict[str, list[str]] = {
+    "off": ["spec=off"],
+    "ngram": ["spec=ngram"],
+    "sam": ["spec=sam", "spec.sam.group_sharing=false", "spec.sam.cross_epoch=false"],
+    "sam_group": ["spec=sam", "spec.sam.group_sharing=true", "spec.sam.cross_epoch=true"],
+    "mtp_frozen": ["spec=mtp", "spec.mtp.train=frozen"],
+    "mtp_online": ["spec=mtp", "spec.mtp.train=online"],
+}
+VAL_KEY = "val-core/tiny_sum/acc/mean@1"
+ALPHA = 0.01
+
+
+def history(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.is_file() else []
+
+
+def total_steps(overrides: list[str]) -> int:
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(REPO_ROOT / "configs"), version_base=None):
+        return int(compose(config_name="dapo", overrides=overrides).trainer.total_training_steps)
+
+
+def run_modes(name: str, modes: list[str], overrides: list[str], runs_root: Path) -> None:
+    """Each mode in its own ``python -m recipe.dapo`` process; finished modes are skipped, killed ones resume."""
+    steps = total_steps(overrides)
+    for mode in modes:
+        run_dir = runs_root / name / mode
+        done = history(run_dir)
+        if done and done[-1]["step"] >= steps:
+            print(f"[ab] {mode}: finished ({steps} steps) in {run_dir}, skipped", flush=True)
+            continue
+        args = [
+            *overrides,
+            *MODES[mode],
+            f"trainer.default_local_dir={run_dir}",
+            f"hydra.run.dir={run_dir}/hydra",
+            f"trainer.experiment_name={mode}",
+            "trainer.resume=auto",
+        ]
+        print(f"[ab] {mode}: python -m recipe.dapo {' '.join(args)}", flush=True)
+        proc = subprocess.run([sys.executable, "-m", "recipe.dapo", *args], cwd=REPO_ROOT)
+        if proc.returncode != 0:
+            raise SystemExit(f"[ab] mode {mode} failed (exit {proc.returncode}); rerun the same command to resume")
+
+
+def series(h: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
+    points = [(r["step"], r[key]) for r in h if key in r]
+    if not points:
+        return np.zeros(0), np.zeros(0)
+    steps, values = zip(*points, strict=True)
+    return np.asarray(steps), np.asarray(values, dtype=float)
+
+
+def mean_of(h: list[dict], key: str, second_half: bool = False) -> float:
+    steps, values = series(h, key)
+    if second_half and len(values):
+        values = values[steps > steps.max() / 2]
+    return float(values.mean()) if len(values) else float("nan")
+
+
+def permutation_p(a: np.ndarray, b: np.ndarray, rounds: int = 20000, seed: int = 0) -> float:
+    """Two-sided permutation test of equal means (no distribution assumed; seeded, so reports reproduce)."""
+    if len(a) < 2 or len(b) < 2:
+        return float("nan")
+    rng = np.random.default_rng(seed)
+    pooled = np.concatenate([a, b])
+    observed = abs(a.mean() - b.mean())
+    hits = 0
+    for _ in range(rounds):
+        rng.shuffle(pooled)
+        hits += abs(pooled[: len(a)].mean() - pooled[len(a) :].mean()) >= observed - 1e-12
+    return (hits + 1) / (rounds + 1)
+
+
+def two_proportion_p(p1: float, p2: float, n: int) -> float:
+    """Two-sided z-test that two accuracies on ``n`` problems each come from the same rate."""
+    pooled = (p1 + p2) / 2
+    se = math.sqrt(max(pooled * (1 - pooled) * 2 / n, 1e-12))
+    return math.erfc(abs(p1 - p2) / se / math.sqrt(2))
+
+
+def tables(runs: dict[str, list[dict]], val_n: int) -> dict[str, list[dict]]:
+    off = runs.get("off")
+    slime, ascend, lossless = [], [], []
+    for mode, h in runs.items():
+        slime.append(
+            {
+                "mode": mode,
+                "rollout_tok_s": mean_of(h, "rollout/throughput_tok_s"),
+                "tail_tok_s": mean_of(h, "rollout/tail_throughput_tok_s"),
+                "longest_sample_tok_s": mean_of(h, "rollout/longest_sample_tok_s"),
+                "train_s_per_step": mean_of(h, "timing_s/update_actor") + mean_of(h, "timing_s/old_log_prob"),
+                "accept_len": mean_of(h, "rollout/tokens_per_request_step"),
+                "tail_accept_len": mean_of(h, "rollout/tail_tokens_per_request_step"),
+                "rollout_tok_s_2nd_half": mean_of(h, "rollout/throughput_tok_s", second_half=True),
+            }
+        )
+        row = {
+            "mode": mode,
+            "inference_s_per_round": mean_of(h, "timing_s/gen_round_mean"),
+            "rollout_s_per_step": mean_of(h, "timing_s/gen"),
+            "total_s_per_step": mean_of(h, "timing_s/step"),
+        }
+        if off:
+            row["rollout_gain_pct"] = 100 * (mean_of(off, "timing_s/gen") / row["rollout_s_per_step"] - 1)
+            row["step_gain_pct"] = 100 * (mean_of(off, "timing_s/step") / row["total_s_per_step"] - 1)
+        ascend.append(row)
+        if off and mode != "off":
+            score, score_off = series(h, "train/gen_score_mean")[1], series(off, "train/gen_score_mean")[1]
+            length, length_off = series(h, "response_length/mean")[1], series(off, "response_length/mean")[1]
+            acc, acc_off = series(h, VAL_KEY)[1], series(off, VAL_KEY)[1]
+            final = float(acc[-1]) if len(acc) else float("nan")
+            final_off = float(acc_off[-1]) if len(acc_off) else float("nan")
+            lossless.append(
+                {
+                    "mode": mode,
+                    "score_mean": float(score.mean()),
+                    "score_off": float(score_off.mean()),
+                    "score_p": permutation_p(score, score_off),
+                    "length_mean": float(length.mean()),
+                    "length_off": float(length_off.mean()),
+                    "length_p": permutation_p(length, length_off),
+                    "final_greedy_acc": final,
+                    "final_greedy_acc_off": final_off,
+                    "acc_p": two_proportion_p(final, final_off, val_n),
+                }
+            )
+    return {"slime": slime, "ascend": ascend, "lossless": lossless}
+
+
+def write_csv(path: Path, rows: list[dict]) -> None:
+    if not rows:
+        return
+    with open(path, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+
+def markdown(t: dict[str, list[dict]], runs: dict[str, list[dict]], command: str) -> str:
+    def f(x: float, nd: int = 0) -> str:
+        return "-" if x != x else f"{x:.{nd}f}"
+
+    steps = max((len(h) for h in runs.values()), default=0)
+    lines = [
+        "# Seeded A/B: speculative rollout modes in DAPO training",
+        "",
+        f"Produced by `{command}` ({steps} steps per mode, same config, data and seed; means over steps).",
+        "",
+        "## (a) Rollout and training speed (slime's layout)",
+        "",
+        "| mode | rollout tok/s | long-tail tok/s | longest-sample tok/s | training s/step | tokens per request-step"
+        " | tail tokens per request-step | rollout tok/s, 2nd half |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in t["slime"]:
+        lines.append(
+            f"| {r['mode']} | {f(r['rollout_tok_s'])} | {f(r['tail_tok_s'])} | {f(r['longest_sample_tok_s'], 1)} | "
+            f"{f(r['train_s_per_step'], 2)} | {f(r['accept_len'], 2)} | {f(r['tail_accept_len'], 2)} | "
+            f"{f(r['rollout_tok_s_2nd_half'])} |"
+        )
+    lines += [
+        "",
+        "## (b) Time per step (the Ascend SAM article's layout)",
+        "",
+        "| mode | avg inference time per round (s) | total rollout time per step (s) | total time per step (s) |"
+        " rollout gain vs off | step gain vs off |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in t["ascend"]:
+        gain = f"{r.get('rollout_gain_pct', float('nan')):+.1f}%" if "rollout_gain_pct" in r else "-"
+        sgain = f"{r.get('step_gain_pct', float('nan')):+.1f}%" if "step_gain_pct" in r else "-"
+        lines.append(
+            f"| {r['mode']} | {f(r['inference_s_per_round'], 2)} | {f(r['rollout_s_per_step'], 2)} | "
+            f"{f(r['total_s_per_step'], 2)} | {gain} | {sgain} |"
+        )
+    if t["lossless"]:
+        lines += [
+            "",
+            "## Lossless in training",
+            "",
+            f"Per-step mean reward (before filtering) and response length of each mode against spec off: two-sided "
+            f"permutation test of equal means over steps; final greedy accuracy: two-proportion z-test. A p-value "
+            f"below {ALPHA} would mean the mode changed what is learned beyond run-to-run noise.",
+            "",
+            "| mode | reward (off) | p | response length (off) | p | final greedy acc (off) | p | agrees |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for r in t["lossless"]:
+            ok = all(not (p < ALPHA) for p in (r["score_p"], r["length_p"], r["acc_p"]))
+            lines.append(
+                f"| {r['mode']} | {r['score_mean']:.3f} ({r['score_off']:.3f}) | {r['score_p']:.3f} | "
+                f"{r['length_mean']:.1f} ({r['length_off']:.1f}) | {r['length_p']:.3f} | "
+                f"{f(r['final_greedy_acc'], 3)} ({f(r['final_greedy_acc_off'], 3)}) | {f(r['acc_p'], 3)} | "
+                f"{'yes' if ok else 'NO'} |"
+            )
+    lines += ["", "![acceptance](acceptance.png)", "", "![throughput](throughput.png)", ""]
+    lines += ["![reward and length](reward_length.png)", "", "![timeline](timeline.png)", ""]
+    return "\n".join(lines)
+
+
+def plots(runs: dict[str, list[dict]], runs_dir: Path, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def running(values: np.ndarray) -> np.ndarray:
+        w = max(1, len(values) // 8)
+        return np.convolve(values, np.ones(w) / w, mode="same") if len(values) > w else values
+
+    panels = [
+        ("acceptance.png", [("rollout/spec_accept_length", "mean acceptance length (vLLM)")],
+         ["ngram", "sam", "sam_group", "mtp_frozen", "mtp_online"]),
+        ("throughput.png", [("rollout/throughput_tok_s", "rollout tokens/s"),
+                            ("rollout/tail_throughput_tok_s", "long-tail tokens/s")], list(runs)),
+        ("reward_length.png", [("train/gen_score_mean", "mean reward (all generated)"),
+                               ("response_length/mean", "mean response length")], list(runs)),
+    ]  # fmt: skip
+    for filename, keys, modes in panels:
+        fig, axes = plt.subplots(1, len(keys), figsize=(6 * len(keys), 4), squeeze=False)
+        for ax, (key, label) in zip(axes[0], keys, strict=True):
+            for mode in modes:
+                steps, values = series(runs.get(mode, []), key)
+                if len(values):
+                    ax.plot(steps, running(values), label=mode, lw=1.5)
+            ax.set_title(label + " (running mean)", fontsize=10)
+            ax.set_xlabel("step")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / filename, dpi=110)
+        plt.close(fig)
+    timeline_plot(runs_dir, out / "timeline.png")
+
+
+def timeline_plot(runs_dir: Path, path: Path) -> None:
+    """Active requests and tokens/s over one rollout (the last step's first round), spec off vs SAM."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    for mode in ("off", "sam_group", "sam"):
+        files = sorted((runs_dir / mode / "timelines").glob("step_*_round_1.json"))
+        if not files:
+            continue
+        steps = json.loads(files[-1].read_text())["steps"]
+        t = np.array([s["start_s"] + s["duration_s"] for s in steps])
+        active = np.array([s["active"] for s in steps])
+        tok_s = np.array([s["tokens"] / max(s["duration_s"], 1e-9) for s in steps])
+        axes[0].step(t, active, where="post", label=mode)
+        axes[1].plot(t, np.convolve(tok_s, np.ones(5) / 5, mode="same"), label=mode, lw=1)
+    axes[0].set_title(f"active requests ({files[-1].stem if files else ''})", fontsize=10)
+    axes[1].set_title("tokens/s (5-step mean)", fontsize=10)
+    for ax in axes:
+        ax.set_xlabel("seconds into the rollout")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    axes[1].set_yscale("log")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def report(name: str, runs_root: Path, out_root: Path, command: str, val_n: int) -> Path:
+    runs_dir = runs_root / name
+    runs = {m: history(runs_dir / m) for m in MODES if history(runs_dir / m)}
+    if not runs:
+        raise SystemExit(f"[ab] no finished runs under {runs_dir}")
+    out = out_root / name
+    out.mkdir(parents=True, exist_ok=True)
+    t = tables(runs, val_n)
+    for key, rows in t.items():
+        write_csv(out / f"{key}.csv", rows)
+    (out / "tables.json").write_text(json.dumps(t, indent=2))
+    plots(runs, runs_dir, out)
+    (out / "README.md").write_text(markdown(t, runs, command))
+    print((out / "README.md").read_text())
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--name", default="default", help="A/B name: runs/ab/<name>/, results/ab/<name>/")
+    parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {list(MODES)}")
+    parser.add_argument("--runs-root", default=str(REPO_ROOT / "runs" / "ab"))
+    parser.add_argument("--out-root", default=str(REPO_ROOT / "results" / "ab"))
+    parser.add_argument("--report-only", action="store_true", help="only rebuild tables and plots")
+    parser.add_argument("--val-n", type=int, default=128, help="validation problems (data.val_max_samples)")
+    args, overrides = parser.parse_known_args(argv)
+    modes = args.modes.split(",")
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        parser.error(f"unknown mode(s) {unknown}; known: {list(MODES)}")
+    bad = [o for o in overrides if "=" not in o or o.startswith("-")]
+    if bad:
+        parser.error(f"not a Hydra override (key=value): {bad}")
+    runs_root, out_root = Path(args.runs_root), Path(args.out_root)
+    if not args.report_only:
+        run_modes(args.name, modes, overrides, runs_root)
+    command = "python -m recipe.ab " + " ".join(argv if argv is not None else sys.argv[1:])
+    report(args.name, runs_root, out_root, command, args.val_n)
+
+
+if __name__ == "__main__":
+    main()

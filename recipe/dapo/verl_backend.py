@@ -1,0 +1,245 @@
+"""``backend=verl``: the same DAPO configuration on veRL 0.9.1's Ray trainer (FSDP/Megatron workers, vLLM
+rollout servers) for clusters.
+
+The recipe's config is translated into Hydra overrides of veRL's own ``ppo_trainer`` config (composed from
+the installed wheel, so a key veRL does not know fails here, not on the cluster):
+- DAPO: ``algorithm.filter_groups``, clip ratios, ``loss_agg_mode``, veRL's ``dapo`` reward manager with
+  the overlong buffer in ``reward.reward_kwargs``, and the recipe's ``math_dapo`` scorer as the custom reward
+  function;
+- SAM / ngram: ``actor_rollout_ref.rollout.engine_kwargs.vllm.speculative_config`` (SAM as vLLM's
+  ``custom_class`` proposer ``sam.vllm.SAMProposer``, its options in ``engine_kwargs.vllm.additional_config``);
+- MTP: ``actor_rollout_ref.model.mtp.*`` (rollout drafting; online training needs the Megatron actor).
+
+``trainer.dry_run=true`` prints the composed veRL config and the command of the Ray job, and writes both
+next to the run, without starting Ray. A real start checks for GPUs or NPUs first.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import warnings
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from recipe.dapo.config import ConfigError
+from recipe.engine import SAM_PROPOSER_CLASS
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+REWARD_FUNCTION = REPO_ROOT / "recipe" / "dapo" / "batch.py"  # compute_score: veRL's math_dapo scorer
+
+
+class BackendUnavailableError(RuntimeError):
+    """The cluster backend cannot start on this machine (no accelerator)."""
+
+
+def _value(v) -> str:
+    """A value in Hydra's override grammar (quoted strings, ``[..]`` lists, ``{key:value}`` dicts)."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if v is None:
+        return "null"
+    if isinstance(v, int | float):
+        return repr(v)
+    if isinstance(v, list | tuple):
+        return "[" + ",".join(_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ",".join(f"{k}:{_value(x)}" for k, x in v.items()) + "}"
+    return "'" + str(v).replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def spec_overrides(spec: DictConfig) -> dict[str, object]:
+    """veRL keys for the ``spec`` group (the mapping tests/test_verl_backend.py pins)."""
+    method = str(spec.method)
+    if method == "off":
+        return {}
+    k = int(spec.num_speculative_tokens)
+    vllm = "+actor_rollout_ref.rollout.engine_kwargs.vllm"  # "+": keys veRL passes through to vLLM
+    if method == "ngram":
+        return {
+            f"{vllm}.speculative_config": {
+                "method": "ngram",
+                "num_speculative_tokens": k,
+                "prompt_lookup_min": int(spec.prompt_lookup_min),
+                "prompt_lookup_max": int(spec.prompt_lookup_max),
+            }
+        }
+    if method == "sam":
+        return {
+            f"{vllm}.speculative_config": {
+                "method": "custom_class",
+                "model": SAM_PROPOSER_CLASS,
+                "num_speculative_tokens": k,
+            },
+            f"{vllm}.additional_config": {"sam": OmegaConf.to_container(spec.sam, resolve=True)},
+        }
+    online = spec.mtp.train == "online"
+    return {
+        "actor_rollout_ref.model.mtp.enable": True,
+        "actor_rollout_ref.model.mtp.enable_rollout": True,
+        "actor_rollout_ref.model.mtp.enable_train": online,
+        "actor_rollout_ref.model.mtp.detach_encoder": True,  # the MTP loss updates only the MTP layer
+        "actor_rollout_ref.model.mtp.mtp_loss_scaling_factor": float(spec.mtp.loss_scaling_factor),
+        "actor_rollout_ref.model.mtp.method": "mtp",
+        "actor_rollout_ref.model.mtp.num_speculative_tokens": k,
+    }
+
+
+def verl_overrides(cfg: DictConfig, model: str, train: str, val: str) -> dict[str, object]:
+    """Every veRL key this recipe sets, from the recipe config (keys mirror veRL's, so this is mostly 1:1)."""
+    data, actor, ro = cfg.data, cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
+    algo, ob, tr = cfg.algorithm, cfg.reward_model.overlong_buffer, cfg.trainer
+    tokenizer = Path(model, "tokenizer")
+    out: dict[str, object] = {
+        "data.train_files": train,
+        "data.val_files": val,
+        "data.train_batch_size": int(data.train_batch_size),
+        "data.gen_batch_size": int(data.gen_batch_size),
+        "data.max_prompt_length": int(data.max_prompt_length),
+        "data.max_response_length": int(data.max_response_length),
+        "data.shuffle": bool(data.shuffle),
+        "data.seed": int(tr.seed),
+        "data.filter_overlong_prompts": True,
+        "actor_rollout_ref.model.path": model,
+        "actor_rollout_ref.model.tokenizer_path": str(tokenizer) if tokenizer.is_dir() else None,
+        "actor_rollout_ref.actor.strategy": str(actor.strategy),
+        "actor_rollout_ref.actor.optim.lr": float(actor.optim.lr),
+        "actor_rollout_ref.actor.optim.weight_decay": float(actor.optim.weight_decay),
+        "actor_rollout_ref.actor.optim.betas": [float(b) for b in actor.optim.betas],
+        "actor_rollout_ref.actor.ppo_mini_batch_size": int(actor.ppo_mini_batch_size),
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": int(actor.ppo_micro_batch_size_per_gpu),
+        "actor_rollout_ref.actor.ppo_epochs": int(actor.ppo_epochs),
+        "actor_rollout_ref.actor.clip_ratio_low": float(actor.clip_ratio_low),
+        "actor_rollout_ref.actor.clip_ratio_high": float(actor.clip_ratio_high),
+        "actor_rollout_ref.actor.clip_ratio_c": float(actor.clip_ratio_c),
+        "actor_rollout_ref.actor.loss_agg_mode": str(actor.loss_agg_mode),
+        "actor_rollout_ref.actor.grad_clip": float(actor.grad_clip),
+        "actor_rollout_ref.actor.use_kl_loss": False,  # DAPO drops the KL term
+        "actor_rollout_ref.rollout.name": "vllm",
+        "actor_rollout_ref.rollout.n": int(ro.n),
+        "actor_rollout_ref.rollout.temperature": float(ro.temperature),
+        "actor_rollout_ref.rollout.top_p": float(ro.top_p),
+        "actor_rollout_ref.rollout.dtype": str(ro.dtype),
+        "actor_rollout_ref.rollout.tensor_model_parallel_size": int(ro.tensor_model_parallel_size),
+        "actor_rollout_ref.rollout.gpu_memory_utilization": float(ro.gpu_memory_utilization or 0.5),
+        "actor_rollout_ref.rollout.max_num_seqs": int(ro.max_num_seqs),
+        "actor_rollout_ref.rollout.enforce_eager": bool(ro.enforce_eager),
+        "actor_rollout_ref.rollout.free_cache_engine": bool(ro.free_cache_engine),
+        "actor_rollout_ref.rollout.seed": int(tr.seed),
+        "algorithm.adv_estimator": str(algo.adv_estimator),
+        "algorithm.norm_adv_by_std_in_grpo": bool(algo.norm_adv_by_std_in_grpo),
+        "algorithm.use_kl_in_reward": False,
+        "algorithm.filter_groups.enable": bool(algo.filter_groups.enable),
+        "algorithm.filter_groups.metric": str(algo.filter_groups.metric),
+        "algorithm.filter_groups.max_num_gen_batches": int(algo.filter_groups.max_num_gen_batches),
+        "reward.reward_manager.name": "dapo",
+        "reward.custom_reward_function.path": str(REWARD_FUNCTION),
+        "reward.custom_reward_function.name": "compute_score",
+        "+reward.reward_kwargs.max_resp_len": int(data.max_response_length),
+        "+reward.reward_kwargs.overlong_buffer_cfg": {
+            "enable": bool(ob.enable),
+            "len": int(ob.len),
+            "penalty_factor": float(ob.penalty_factor),
+            "log": bool(ob.log),
+        },
+        "trainer.total_training_steps": int(tr.total_training_steps),
+        "trainer.save_freq": int(tr.save_freq),
+        "trainer.test_freq": int(tr.test_freq),
+        "trainer.resume_mode": str(tr.resume),
+        "trainer.default_local_dir": str(tr.default_local_dir),
+        "trainer.project_name": str(tr.project_name),
+        "trainer.experiment_name": str(tr.experiment_name),
+        "trainer.logger": list(tr.logger),
+        "trainer.nnodes": int(tr.nnodes),
+        "trainer.n_gpus_per_node": int(tr.n_gpus_per_node),
+        "trainer.device": "npu" if tr.device == "npu" else "cuda",
+    }
+    out = {k: v for k, v in out.items() if v is not None}
+    out.update(spec_overrides(cfg.spec))
+    return out
+
+
+def check_mapping(cfg: DictConfig) -> None:
+    """What the local backend does that veRL does differently or not at all, named by key."""
+    if (
+        cfg.spec.method == "mtp"
+        and cfg.spec.mtp.train == "online"
+        and cfg.actor_rollout_ref.actor.strategy != "megatron"
+    ):
+        raise ConfigError(
+            "spec.mtp.train: online MTP training on backend=verl needs the Megatron actor "
+            "(actor_rollout_ref.actor.strategy=megatron); veRL's FSDP actor only drafts with the MTP head"
+        )
+    if cfg.algorithm.filter_groups.enable and cfg.algorithm.filter_groups.on_exhausted == "train":
+        warnings.warn(
+            "algorithm.filter_groups.on_exhausted=train applies to backend=local only: veRL stops with an error "
+            "when max_num_gen_batches rounds leave fewer than train_batch_size groups",
+            stacklevel=2,
+        )
+
+
+def compose_verl_config(overrides: dict[str, object]) -> DictConfig:
+    """veRL's ``ppo_trainer`` config from the installed wheel with ``overrides`` applied (unknown keys raise)."""
+    import verl
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    config_dir = str(Path(verl.__file__).parent / "trainer" / "config")
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        return compose(config_name="ppo_trainer", overrides=as_hydra_args(overrides))
+
+
+def as_hydra_args(overrides: dict[str, object]) -> list[str]:
+    return [f"{k}={_value(v)}" for k, v in overrides.items()]
+
+
+def launch_command(overrides: dict[str, object]) -> list[str]:
+    """The Ray job: veRL's own entry point with the overrides (what the sbatch scripts run on the head)."""
+    return [sys.executable, "-m", "verl.trainer.main_ppo", *as_hydra_args(overrides)]
+
+
+def accelerators(device: str) -> int:
+    """GPUs (or NPUs for ``device=npu``) visible to this process."""
+    if device == "npu":
+        try:
+            import torch_npu  # noqa: F401
+        except ImportError:
+            return 0
+        import torch
+
+        return int(torch.npu.device_count())
+    import torch
+
+    return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
+
+
+def run_verl(cfg: DictConfig, model: str, train: str, val: str) -> DictConfig:
+    """Dry run: print and save the veRL config and job; otherwise start veRL's Ray trainer."""
+    check_mapping(cfg)
+    overrides = verl_overrides(cfg, model, train, val)
+    verl_cfg = compose_verl_config(overrides)
+    out_dir = Path(cfg.trainer.default_local_dir)
+    command = shlex.join(launch_command(overrides))
+    if cfg.trainer.dry_run:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "verl_config.yaml").write_text(OmegaConf.to_yaml(verl_cfg))
+        (out_dir / "verl_launch.sh").write_text("#!/usr/bin/env bash\nset -euo pipefail\n" + command + "\n")
+        print(OmegaConf.to_yaml(verl_cfg))
+        print(f"# Ray job ({cfg.trainer.nnodes} node(s) x {cfg.trainer.n_gpus_per_node} {verl_cfg.trainer.device}):")
+        print(command)
+        print(f"# written: {out_dir / 'verl_config.yaml'}, {out_dir / 'verl_launch.sh'}")
+        return verl_cfg
+    device = str(verl_cfg.trainer.device)
+    found = accelerators(device)
+    if found == 0:
+        raise BackendUnavailableError(
+            f"backend=verl runs veRL's Ray trainer on GPUs or NPUs, and this machine has no {device} device "
+            "visible. Use backend=local here, trainer.dry_run=true to check the config, or the sbatch scripts "
+            "in scripts/slurm/ on a cluster."
+        )
+    from verl.trainer.main_ppo import TaskRunner, run_ppo
+
+    run_ppo(verl_cfg, TaskRunner)
+    return verl_cfg

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Ray cluster lifecycle inside a Slurm allocation, sourced by the sbatch scripts of this folder.
+#
+#   ray_cluster_up <accelerators per node> [extra `ray start` args...]   head on the first node, workers on
+#                                                                       the rest (srun), waits until all
+#                                                                       nodes joined; exports RAY_ADDRESS
+#   ray_cluster_down                                                    stops Ray on every node
+#
+# Environment: RAY_PORT (6379), RAY_WAIT_S (600, how long to wait for the workers).
+
+ray_cluster_up() {
+  local per_node=$1
+  shift
+  local -a nodes
+  mapfile -t nodes < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
+  local head=${nodes[0]}
+  local port=${RAY_PORT:-6379}
+  local head_ip
+  head_ip=$(srun --nodes=1 --ntasks=1 -w "$head" hostname --ip-address | awk '{print $1}')
+  export RAY_ADDRESS="$head_ip:$port"
+  echo "ray: head $head ($RAY_ADDRESS), ${#nodes[@]} node(s), $per_node accelerator(s) each"
+  srun --nodes=1 --ntasks=1 --overlap -w "$head" \
+    ray start --head --node-ip-address="$head_ip" --port="$port" "$@" --block &
+  sleep 15
+  local node
+  for node in "${nodes[@]:1}"; do
+    srun --nodes=1 --ntasks=1 --overlap -w "$node" ray start --address="$RAY_ADDRESS" "$@" --block &
+  done
+  local deadline=$((SECONDS + ${RAY_WAIT_S:-600}))
+  until python - "${#nodes[@]}" <<'PY'
+import sys
+
+import ray
+
+ray.init(address="auto", logging_level="ERROR")
+alive = sum(1 for n in ray.nodes() if n["Alive"])
+print(f"ray: {alive}/{sys.argv[1]} nodes alive")
+sys.exit(0 if alive >= int(sys.argv[1]) else 1)
+PY
+  do
+    if ((SECONDS > deadline)); then
+      echo "ray: workers did not join within ${RAY_WAIT_S:-600}s" >&2
+      return 1
+    fi
+    sleep 10
+  done
+}
+
+ray_cluster_down() {
+  srun --overlap --ntasks-per-node=1 ray stop --force >/dev/null 2>&1 || true
+}

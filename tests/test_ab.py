@@ -1,0 +1,52 @@
+"""Seeded A/B runner: the statistics it reports with, and a real two-mode run from command to tables."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from recipe.ab import permutation_p, two_proportion_p
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_permutation_test_accepts_equal_and_rejects_shifted_means():
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(0, 1, 40), rng.normal(0, 1, 40)
+    assert permutation_p(a, b) > 0.05
+    assert permutation_p(a, b + 1.5) < 0.01
+
+
+def test_two_proportion_test():
+    assert two_proportion_p(0.30, 0.31, 128) > 0.5
+    assert two_proportion_p(0.10, 0.40, 128) < 0.001
+
+
+@pytest.mark.slow
+def test_two_mode_ab_runs_and_writes_tables_and_plots(harness_model, tmp_path):
+    data = harness_model.parent / "data"
+    args = [
+        sys.executable, "-m", "recipe.ab", "--name", "t", "--modes", "off,sam",
+        "--runs-root", str(tmp_path / "runs"), "--out-root", str(tmp_path / "results"), "--val-n", "8",
+        f"actor_rollout_ref.model.path={harness_model}", f"data.train_files={data / 'train.parquet'}",
+        f"data.val_files={data / 'test.parquet'}", "trainer.total_training_steps=2",
+        "data.train_batch_size=2", "data.gen_batch_size=3", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "actor_rollout_ref.rollout.n=4", "data.max_response_length=256", "reward_model.overlong_buffer.len=64",
+        "data.val_max_samples=8", "trainer.test_freq=0", "trainer.progress_bar=false",
+    ]  # fmt: skip
+    proc = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = tmp_path / "results" / "t"
+    readme = (out / "README.md").read_text()
+    for heading in ("(a) Rollout and training speed", "(b) Time per step", "Lossless in training"):
+        assert heading in readme
+    assert "| sam |" in readme and "| off |" in readme
+    for png in ("acceptance.png", "throughput.png", "reward_length.png", "timeline.png"):
+        assert (out / png).stat().st_size > 5000, png
+    assert (out / "slime.csv").read_text().count("\n") == 3  # header + two modes
+    again = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and again.stdout.count("skipped") == 2  # finished modes are not rerun
