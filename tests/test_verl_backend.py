@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 from recipe.dapo.config import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
-SLURM = sorted((REPO / "scripts" / "slurm").iterdir())
+SHELL_SCRIPTS = sorted((REPO / "scripts" / "slurm").iterdir()) + sorted((REPO / "scripts").glob("*.sh"))
 
 
 def recipe_config(*overrides: str):
@@ -150,8 +150,8 @@ def test_real_start_without_accelerators_stops_early_with_a_clear_message(inputs
         run(cfg)
 
 
-@pytest.mark.parametrize("script", SLURM, ids=lambda p: p.name)
-def test_sbatch_scripts_parse_and_pass_shellcheck(script):
+@pytest.mark.parametrize("script", SHELL_SCRIPTS, ids=lambda p: p.name)
+def test_shell_scripts_parse_and_pass_shellcheck(script):
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
     shellcheck = shutil.which("shellcheck") or str(Path(sys.executable).parent / "shellcheck")
     proc = subprocess.run([shellcheck, "-x", str(script)], cwd=REPO, capture_output=True, text=True)
