@@ -241,9 +241,12 @@ def plots(runs: dict[str, list[dict]], runs_dir: Path, out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    def running(values: np.ndarray) -> np.ndarray:
+    def running(steps: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Trailing mean over a window of 1/8 of the run (no edge effects: the first points are dropped)."""
         w = max(1, len(values) // 8)
-        return np.convolve(values, np.ones(w) / w, mode="same") if len(values) > w else values
+        if len(values) <= w:
+            return steps, values
+        return steps[w - 1 :], np.convolve(values, np.ones(w) / w, mode="valid")
 
     panels = [
         ("acceptance.png", [("rollout/spec_accept_length", "mean acceptance length (vLLM)")],
@@ -259,7 +262,7 @@ def plots(runs: dict[str, list[dict]], runs_dir: Path, out: Path) -> None:
             for mode in modes:
                 steps, values = series(runs.get(mode, []), key)
                 if len(values):
-                    ax.plot(steps, running(values), label=mode, lw=1.5)
+                    ax.plot(*running(steps, values), label=mode, lw=1.5)
             ax.set_title(label + " (running mean)", fontsize=10)
             ax.set_xlabel("step")
             ax.grid(alpha=0.3)
@@ -333,7 +336,8 @@ def main(argv: list[str] | None = None) -> None:
     runs_root, out_root = Path(args.runs_root), Path(args.out_root)
     if not args.report_only:
         run_modes(args.name, modes, overrides, runs_root)
-    command = "python -m recipe.ab " + " ".join(argv if argv is not None else sys.argv[1:])
+    given = argv if argv is not None else sys.argv[1:]
+    command = "python -m recipe.ab " + " ".join(a for a in given if a != "--report-only")
     report(args.name, runs_root, out_root, command, args.val_n)
 
 

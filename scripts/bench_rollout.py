@@ -5,7 +5,8 @@ prompts, each engine warmed up on other prompts first. Reports tokens/s and mean
 (the acceptance length, bonus token included) over the whole rollout and in its long tail (at most ``--tail``
 active requests), from the engine-step timeline (vLLM's spec counters live in a process-wide registry that
 engines alive side by side would share). SAM modes: own text only; + group sharing (finished siblings); + cross-epoch
-(the drafter saw an earlier rollout of the same prompts, as in the next DAPO epoch).
+(the drafter saw an earlier rollout of the same prompts, as in the next DAPO epoch). ``noop`` is vLLM's
+speculative path with a proposer that never drafts: the cost of the path itself.
 
     .venv/bin/python scripts/bench_rollout.py [--prompts 16 --n 8 --out results/sam]
 """
@@ -25,6 +26,7 @@ sys.path.insert(0, str(REPO_ROOT))
 
 MODES = {
     "off": ("off", None),
+    "noop": ("noop", None),
     "ngram": ("ngram", None),
     "sam": ("sam", {"group_sharing": False, "cross_epoch": False}),
     "sam+group": ("sam", {"group_sharing": True, "cross_epoch": False}),
@@ -32,12 +34,37 @@ MODES = {
 }
 
 
+class NoDraftProposer:
+    """A custom_class proposer that never drafts: the control that prices vLLM's speculative path itself."""
+
+    def __init__(self, vllm_config, *args, **kwargs):
+        pass
+
+    def load_model(self, *args, **kwargs) -> None:
+        pass
+
+    def propose(self, sampled_token_ids, *args, **kwargs) -> list[list[int]]:
+        return [[] for _ in sampled_token_ids]
+
+
+def engine_spec(method: str, k: int) -> dict | None:
+    from recipe.engine import speculative_config
+
+    if method == "noop":
+        return {
+            "method": "custom_class",
+            "model": f"{Path(__file__).stem}.NoDraftProposer",
+            "num_speculative_tokens": k,
+        }
+    return speculative_config(method, k) if method != "off" else None
+
+
 def main() -> None:
     from omegaconf import OmegaConf
 
     from recipe.dapo.data import load_prompts
     from recipe.dapo.rollout import RolloutEngine
-    from recipe.engine import EngineOptions, speculative_config
+    from recipe.engine import EngineOptions
     from recipe.sft.train import ensure_base_model
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -61,10 +88,10 @@ def main() -> None:
     engines = {}
     for name in args.modes.split(","):
         method, sam_opts = MODES[name]
-        spec = speculative_config(method, args.k) if method != "off" else None
+        spec = engine_spec(method, args.k)
         extra = {"sam": {"batch_threshold": args.tail, **sam_opts}} if method == "sam" else None
         engine = RolloutEngine(
-            str(ckpt), spec, EngineOptions(max_model_len=1024, seed=0), extra, free_cache_engine=False
+            str(ckpt), spec, EngineOptions(max_model_len=1024, seed=0, dtype="float32"), extra, free_cache_engine=False
         )
         engine.generate(warm, args.n, sampling)  # same shape on other prompts: every batch size seen once
         if name == "sam+group+epoch":
