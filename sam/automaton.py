@@ -233,7 +233,7 @@ def _bind(states_l, edges_l, table_l, text_l, meta_l, slot, states, edges, table
 
 
 @nb.njit(cache=True)
-def _verify_rows(text_l, meta_l, guess, before, token_ids, tail, claimed, stamp, ok) -> None:
+def verify_rows(text_l, meta_l, guess, before, token_ids, tail, claimed, stamp, ok) -> None:
     """``ok[r]``: slot ``guess[r]`` holds exactly ``before[r]`` tokens ending like row ``r`` of ``token_ids``
     (and no earlier row of this step claimed it)."""
     for r in range(guess.shape[0]):

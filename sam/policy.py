@@ -115,9 +115,11 @@ class GroupStore:
         group = self.groups.get(key)
         if group is None:
             group = self.groups[key] = Group(self.pool)
-            idle = [k for k, g in self.groups.items() if g.active == 0 and k != key]
-            for k in idle[: max(0, len(self.groups) - self.options.max_groups)]:
-                self.groups.pop(k).close()
+            excess = len(self.groups) - self.options.max_groups
+            if excess > 0:  # least recently used first; groups with running requests stay
+                idle = [k for k, g in self.groups.items() if g.active == 0 and k != key][:excess]
+                for k in idle:
+                    self.groups.pop(k).close()
         self.groups.move_to_end(key)
         group.active += 1
         return group

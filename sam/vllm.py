@@ -22,7 +22,7 @@ from itertools import chain
 
 import numpy as np
 
-from sam.automaton import _verify_rows
+from sam.automaton import verify_rows
 from sam.policy import BatchDrafter, SAMOptions
 
 logger = logging.getLogger(__name__)
@@ -83,7 +83,7 @@ class SAMProposer:
         prev = self.row_slots[:rows]
         guess[: prev.shape[0]] = prev
         ok = np.zeros(rows, dtype=np.bool_)
-        _verify_rows(drafter.pool.text, drafter.pool.meta, guess, before, token_ids_cpu, TAIL_TOKENS,
+        verify_rows(drafter.pool.text, drafter.pool.meta, guess, before, token_ids_cpu, TAIL_TOKENS,
                      self._claimed, self._stamp, ok)  # fmt: skip
         slots = np.where(ok, guess, -1)
         moved = [r for r in np.flatnonzero(~ok).tolist() if len(sampled_token_ids[r])]

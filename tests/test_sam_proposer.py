@@ -164,3 +164,15 @@ def test_bad_options_are_named():
         make_proposer(bogus=1)
     with pytest.raises(ValueError, match="min_match"):
         make_proposer(min_match=0)
+
+
+def test_history_is_bounded_by_max_groups_and_evicted_memory_is_freed():
+    proposer = make_proposer(batch_threshold=100, min_match=2, group_sharing=True, cross_epoch=True, max_groups=2)
+    for p in range(4):  # four prompts, one after the other: the two least recently used are dropped
+        drv = Driver(proposer, {f"r{p}": ([1, 2, 3 + p], list(range(10, 40)))}, seed=p)
+        while drv.rows:
+            drv.step()
+        proposer.propose([], drv.num_tokens, drv.token_ids)
+    groups = proposer.drafter.groups.groups
+    assert len(groups) == 2
+    assert proposer.drafter.pool.live() == 2 * len(groups)  # siblings + history automaton per kept group
