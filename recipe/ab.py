@@ -177,7 +177,7 @@ def markdown(t: dict[str, list[dict]], runs: dict[str, list[dict]], command: str
     def f(x: float, nd: int = 0) -> str:
         return "-" if x != x else f"{x:.{nd}f}"
 
-    steps = max((len(h) for h in runs.values()), default=0)
+    steps = max((sum(r["step"] > 0 for r in h) for h in runs.values()), default=0)
     lines = [
         "# Seeded A/B: speculative rollout modes in DAPO training",
         "",

@@ -35,15 +35,18 @@ def main() -> None:
         vals = [r[key] for r in rows if key in r]
         return float(np.mean(vals)) if vals else float("nan")
 
-    quarter = max(1, len(history) // 4)
-    first, last = history[:quarter], history[-quarter:]
+    steps = [r for r in history if r["step"] > 0]  # step 0: the evaluation before training
+    quarter = max(1, len(steps) // 4)
+    first, last = steps[:quarter], steps[-quarter:]
     val_key = "val-core/tiny_sum/acc/mean@1"
     vals = [(r["step"], r[val_key]) for r in history if val_key in r]
+    probe_key = next((k for r in history for k in r if k.startswith("val-aux/train_probe/acc/")), None)
+    probes = [(r["step"], r[probe_key]) for r in history if probe_key and probe_key in r]
     total_s = sum(r.get("timing_s/step", 0.0) for r in history)
     lines = [
         f"# {out.name}: DAPO run",
         "",
-        f"Produced by `{args.command}` ({len(history)} steps, {total_s / 60:.1f} min of training steps on this machine).",
+        f"Produced by `{args.command}` ({len(steps)} steps, {total_s / 60:.1f} min of training steps on this machine).",
         "",
         "| metric | first quarter | last quarter |",
         "|---|---|---|",
@@ -56,6 +59,12 @@ def main() -> None:
         lines += [
             "",
             "Greedy accuracy on the validation problems: " + ", ".join(f"step {s}: {v:.3f}" for s, v in vals) + ".",
+        ]
+    if probes:
+        lines += [
+            "",
+            f"Training reward on the fixed probe (`{probe_key}`: the first training prompts, sampled as in "
+            "rollouts): " + ", ".join(f"step {s}: {v:.3f}" for s, v in probes) + ".",
         ]
     lines += [
         "",

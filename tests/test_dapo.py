@@ -89,6 +89,7 @@ def run_args(model: Path, out: Path, steps: int, *extra: str) -> list[str]:
         "data.train_batch_size=2", "data.gen_batch_size=3", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
         "actor_rollout_ref.rollout.n=4", "data.max_response_length=256", "reward_model.overlong_buffer.len=64",
         "data.val_max_samples=8", "trainer.test_freq=0", "trainer.save_freq=1", "trainer.progress_bar=false",
+        "trainer.val_before_train=false", "trainer.train_probe.prompts=4", "trainer.train_probe.n=2",
         *extra,
     ]  # fmt: skip
 
@@ -127,6 +128,7 @@ def test_two_step_job_then_kill_and_resume_matches_uninterrupted(harness_model, 
         "rollout/spec_accept_length",
         "actor/pg_loss",
         "val-core/tiny_sum/acc/mean@1",
+        "val-aux/train_probe/acc/mean@2",
     ):
         assert key in rows[-1], key
     assert (full / "checkpoints" / "global_step_3" / "actor" / "model.safetensors").is_file()

@@ -115,6 +115,8 @@ def validate(cfg: DictConfig) -> None:
         "trainer.device",
         f"must be auto, cpu, cuda or npu, got {tr.device!r}",
     )
+    _require(tr.train_probe.prompts >= 0, "trainer.train_probe.prompts", "must be >= 0 (0: off)")
+    _require(tr.train_probe.n >= 1, "trainer.train_probe.n", f"must be >= 1, got {tr.train_probe.n}")
     for key in ("nnodes", "n_gpus_per_node"):
         _require(tr[key] >= 1, f"trainer.{key}", f"must be >= 1, got {tr[key]}")
     _require(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+PROBE_ACC = "val-aux/train_probe/acc/mean@"
 PANELS = [
     ("critic/score/mean", "mean training reward (score)"),
     ("response_length/mean", "mean response length (tokens)"),
@@ -32,10 +33,14 @@ def plot_run(history: list[dict], path: str | Path, title: str = "") -> Path:
             window = max(2, len(values) // 6)
             smooth = np.convolve(values, np.ones(window) / window, mode="valid")
             ax.plot(steps[window - 1 :], smooth, lw=2, label=f"running mean ({window})")
-        val_key = "val-core/tiny_sum/acc/mean@1"
-        if key == "critic/score/mean" and any(val_key in h for h in history):
-            v = [(h["step"], 2 * h[val_key] - 1) for h in history if val_key in h]
-            ax.plot(*zip(*v, strict=True), "s--", label="greedy val acc (as score: 2*acc-1)")
+        if key == "critic/score/mean":
+            for extra, style, name in (
+                ("val-core/tiny_sum/acc/mean@1", "s--", "greedy val acc"),
+                (next((k for h in history for k in h if k.startswith(PROBE_ACC)), None), "D-", "train probe acc (T=1)"),
+            ):
+                v = [(h["step"], 2 * h[extra] - 1) for h in history if extra and extra in h]
+                if v:
+                    ax.plot(*zip(*v, strict=True), style, label=f"{name} (as score: 2*acc-1)")
         ax.set_xlabel("step")
         ax.set_title(label, fontsize=10)
         ax.legend(fontsize=7)

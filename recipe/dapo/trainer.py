@@ -49,6 +49,9 @@ def timed(timing: dict[str, float], name: str):
     timing[name] = timing.get(name, 0.0) + time.perf_counter() - start
 
 
+PROBE_PREFIX = "val-aux/train_probe"
+
+
 def spec_from_config(spec: DictConfig) -> tuple[dict | None, dict | None]:
     """vLLM speculative_config and additional_config for the ``spec`` group."""
     opts = {
@@ -134,6 +137,8 @@ class DAPOTrainer:
         self.val_problems, _ = load_prompts(
             val_file, self.tokenizer, data.max_prompt_length, max_rows=data.val_max_samples
         )
+        probe = tr.train_probe
+        self.probe_problems = problems[: int(probe.prompts)] if probe.prompts > 0 else []
         self.reward = RewardFunction(self.tokenizer, cfg.reward_model, data.max_response_length)
         self.sampling = {"temperature": ro.temperature, "top_p": ro.top_p, "max_tokens": data.max_response_length}
         self.global_step = 0
@@ -388,14 +393,24 @@ class DAPOTrainer:
         return {"mtp/head_loss": float(np.mean(losses)), "mtp/head_acc": float(np.mean(accs))}
 
     def validate(self) -> dict[str, float]:
-        res = evaluate(
-            self.engine.llm, self.val_problems, n=1, temperature=0.0, max_tokens=self.cfg.data.max_response_length
-        )
+        """Greedy accuracy on the validation problems, and the sampled accuracy on the fixed training probe
+        (the per-step training reward mixes policy change with the difficulty of whatever prompts came up)."""
+        max_tokens = self.cfg.data.max_response_length
+        res = evaluate(self.engine.llm, self.val_problems, n=1, temperature=0.0, max_tokens=max_tokens)
         source = self.val_problems[0].data_source
-        return {
+        metrics = {
             f"val-core/{source}/acc/mean@1": res.pass_at_1,
             f"val-aux/{source}/response_length/mean": res.mean_response_tokens,
         }
+        if self.probe_problems:
+            ro, n = self.cfg.actor_rollout_ref.rollout, int(self.cfg.trainer.train_probe.n)
+            probe = evaluate(
+                self.engine.llm, self.probe_problems, n=n, temperature=ro.temperature, top_p=ro.top_p,
+                max_tokens=max_tokens,
+            )  # fmt: skip
+            metrics[f"{PROBE_PREFIX}/acc/mean@{n}"] = probe.pass_at_1
+            metrics[f"{PROBE_PREFIX}/response_length/mean"] = probe.mean_response_tokens
+        return metrics
 
     def fit(self) -> list[dict]:
         from verl.trainer.ppo.metric_utils import (
@@ -412,6 +427,12 @@ class DAPOTrainer:
             history_path.write_text("")
         history = [json.loads(x) for x in history_path.read_text().splitlines()]
         total = int(tr.total_training_steps)
+        if tr.val_before_train and not resumed:
+            initial = {k: float(v) for k, v in self.validate().items()}
+            self.tracking.log(data=initial, step=0)
+            history.append({"step": 0, **initial})
+            with history_path.open("a") as fh:
+                fh.write(json.dumps({"step": 0, **initial}) + "\n")
         from tqdm import tqdm
 
         bar = tqdm(range(self.global_step + 1, total + 1), desc="dapo", disable=not tr.progress_bar, dynamic_ncols=True)

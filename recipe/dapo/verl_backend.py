@@ -146,6 +146,7 @@ def verl_overrides(cfg: DictConfig, model: str, train: str, val: str) -> dict[st
         "trainer.total_training_steps": int(tr.total_training_steps),
         "trainer.save_freq": int(tr.save_freq),
         "trainer.test_freq": int(tr.test_freq),
+        "trainer.val_before_train": bool(tr.val_before_train),
         "trainer.resume_mode": str(tr.resume),
         "trainer.default_local_dir": str(tr.default_local_dir),
         "trainer.project_name": str(tr.project_name),
