@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 SPEC_METHODS = ("off", "ngram", "suffix", "sam", "mtp")
 SAM_PROPOSER_CLASS = "sam.vllm.SAMProposer"
@@ -32,18 +35,31 @@ def speculative_config(method: str, num_speculative_tokens: int = 3, **options: 
         return None
     if num_speculative_tokens < 1:
         raise ValueError(f"num_speculative_tokens must be >= 1 for method {method!r}, got {num_speculative_tokens}")
-    cfg: dict[str, Any] = {"num_speculative_tokens": num_speculative_tokens}
+    vllm_method = "custom_class" if method == "sam" else method
+    cfg: dict[str, Any] = {"method": vllm_method, "num_speculative_tokens": num_speculative_tokens}
     if method == "ngram":
-        cfg.update(method="ngram", prompt_lookup_min=options.pop("prompt_lookup_min", 2))
+        cfg["prompt_lookup_min"] = options.pop("prompt_lookup_min", 2)
         cfg["prompt_lookup_max"] = options.pop("prompt_lookup_max", 5)
-    elif method == "suffix":
-        cfg.update(method="suffix")
     elif method == "sam":
-        cfg.update(method="custom_class", model=SAM_PROPOSER_CLASS)
-    elif method == "mtp":
-        cfg.update(method="mtp")
+        cfg["model"] = SAM_PROPOSER_CLASS
     cfg.update(options)
     return cfg
+
+
+def spec_from_config(spec: DictConfig) -> tuple[dict | None, dict | None]:
+    """vLLM ``speculative_config`` and ``additional_config`` for the recipe's ``spec`` config group (both
+    backends: the local engine gets them directly, veRL passes them through ``engine_kwargs.vllm``)."""
+    from omegaconf import OmegaConf
+
+    opts = {
+        k: v
+        for k, v in OmegaConf.to_container(spec, resolve=True).items()
+        if k in ("prompt_lookup_min", "prompt_lookup_max")
+    }
+    k = int(spec.num_speculative_tokens)
+    cfg = speculative_config(str(spec.method), k, **opts) if spec.method != "off" else None
+    extra = {"sam": OmegaConf.to_container(spec.sam, resolve=True)} if spec.method == "sam" else None
+    return cfg, extra
 
 
 @dataclass

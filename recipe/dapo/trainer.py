@@ -30,7 +30,7 @@ from recipe.dapo.data import PromptStream, load_prompts
 from recipe.dapo.policy import forward_rows
 from recipe.dapo.report import plot_run
 from recipe.dapo.rollout import RolloutEngine
-from recipe.engine import EngineOptions, speculative_config
+from recipe.engine import EngineOptions, spec_from_config
 from recipe.evaluate import evaluate
 
 logger = logging.getLogger(__name__)
@@ -50,19 +50,6 @@ def timed(timing: dict[str, float], name: str):
 
 
 PROBE_PREFIX = "val-aux/train_probe"
-
-
-def spec_from_config(spec: DictConfig) -> tuple[dict | None, dict | None]:
-    """vLLM speculative_config and additional_config for the ``spec`` group."""
-    opts = {
-        k: v
-        for k, v in OmegaConf.to_container(spec, resolve=True).items()
-        if k in ("prompt_lookup_min", "prompt_lookup_max")
-    }
-    k = int(spec.num_speculative_tokens)
-    cfg = speculative_config(str(spec.method), k, **opts) if spec.method != "off" else None
-    extra = {"sam": OmegaConf.to_container(spec.sam, resolve=True)} if spec.method == "sam" else None
-    return cfg, extra
 
 
 def _reseed_worker(worker, seed: int) -> None:

@@ -24,7 +24,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from recipe.dapo.config import ConfigError
-from recipe.engine import SAM_PROPOSER_CLASS
+from recipe.engine import spec_from_config
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 REWARD_FUNCTION = REPO_ROOT / "recipe" / "dapo" / "batch.py"  # compute_score: veRL's math_dapo scorer
@@ -55,25 +55,13 @@ def spec_overrides(spec: DictConfig) -> dict[str, object]:
     if method == "off":
         return {}
     k = int(spec.num_speculative_tokens)
-    vllm = "+actor_rollout_ref.rollout.engine_kwargs.vllm"  # "+": keys veRL passes through to vLLM
-    if method == "ngram":
-        return {
-            f"{vllm}.speculative_config": {
-                "method": "ngram",
-                "num_speculative_tokens": k,
-                "prompt_lookup_min": int(spec.prompt_lookup_min),
-                "prompt_lookup_max": int(spec.prompt_lookup_max),
-            }
-        }
-    if method == "sam":
-        return {
-            f"{vllm}.speculative_config": {
-                "method": "custom_class",
-                "model": SAM_PROPOSER_CLASS,
-                "num_speculative_tokens": k,
-            },
-            f"{vllm}.additional_config": {"sam": OmegaConf.to_container(spec.sam, resolve=True)},
-        }
+    if method in ("ngram", "sam"):
+        vllm = "+actor_rollout_ref.rollout.engine_kwargs.vllm"  # "+": keys veRL passes through to vLLM
+        speculative, additional = spec_from_config(spec)  # the same vLLM settings as the local backend
+        out = {f"{vllm}.speculative_config": speculative}
+        if additional:
+            out[f"{vllm}.additional_config"] = additional
+        return out
     online = spec.mtp.train == "online"
     return {
         "actor_rollout_ref.model.mtp.enable": True,
