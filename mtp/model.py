@@ -114,8 +114,11 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_key_value_heads * hd, bias=True)
         self.o_proj = nn.Linear(cfg.num_attention_heads * hd, cfg.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        # x: [T, H] (one packed stream); mask: [T, T] bool, True = attend
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+        """Causal attention within each sequence of a packed stream ``x`` [T, H] (``lengths`` sum to T).
+
+        One causal SDPA call per sequence: a dense block-diagonal [T, T] mask would cost O(T^2) for a
+        micro-batch of many short sequences (and force SDPA's unfused path on CPU)."""
         t = x.shape[0]
         cfg = self.cfg
         q = self.q_proj(x).view(t, cfg.num_attention_heads, cfg.head_dim).transpose(0, 1)
@@ -124,7 +127,14 @@ class Attention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         rep = cfg.num_attention_heads // cfg.num_key_value_heads
         k, v = k.repeat_interleave(rep, dim=0), v.repeat_interleave(rep, dim=0)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0 / math.sqrt(cfg.head_dim))
+        scale = 1.0 / math.sqrt(cfg.head_dim)
+        out = torch.cat(
+            [
+                F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale)
+                for qs, ks, vs in zip(q.split(lengths, 1), k.split(lengths, 1), v.split(lengths, 1), strict=True)
+            ],
+            dim=1,
+        )
         return self.o_proj(out.transpose(0, 1).reshape(t, -1))
 
 
@@ -147,8 +157,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask)
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, lengths)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -168,10 +178,10 @@ class MTPLayer(DecoderLayer):
         next_embeds: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        mask: torch.Tensor,
+        lengths: list[int],
     ) -> torch.Tensor:
         x = self.input_proj(torch.cat([self.hidden_layernorm(hidden), self.token_layernorm(next_embeds)], dim=-1))
-        return self.final_layernorm(super().forward(x, cos, sin, mask))
+        return self.final_layernorm(super().forward(x, cos, sin, lengths))
 
 
 class TrunkModel(nn.Module):
@@ -199,14 +209,6 @@ def packed_positions(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
     return torch.arange(total) - starts
 
 
-def packed_causal_mask(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
-    """Block-diagonal causal mask [T, T] (True = may attend)."""
-    seq_id = torch.repeat_interleave(torch.arange(len(cu_seqlens) - 1), cu_seqlens[1:] - cu_seqlens[:-1])
-    same = seq_id[:, None] == seq_id[None, :]
-    causal = torch.ones(total, total, dtype=torch.bool).tril()
-    return same & causal
-
-
 class MiMoForCausalLM(nn.Module):
     def __init__(self, cfg: MiMoConfig):
         super().__init__()
@@ -226,13 +228,13 @@ class MiMoForCausalLM(nn.Module):
                     p.copy_(torch.randn(p.shape, generator=gen) * std)
 
     def trunk(
-        self, input_ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor
+        self, input_ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lengths: list[int]
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Embeddings and pre-norm last hidden states for a packed stream."""
         embeds = self.model.embed_tokens(input_ids)
         x = embeds
         for layer in self.model.layers:
-            x = layer(x, cos, sin, mask)
+            x = layer(x, cos, sin, lengths)
         return embeds, x
 
     def forward(
@@ -251,9 +253,9 @@ class MiMoForCausalLM(nn.Module):
         if cu_seqlens is None:
             cu_seqlens = torch.tensor([0, total])
         positions = packed_positions(cu_seqlens, total)
-        mask = packed_causal_mask(cu_seqlens, total)
+        lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
         cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta)
-        embeds, hidden = self.trunk(input_ids, cos, sin, mask)
+        embeds, hidden = self.trunk(input_ids, cos, sin, lengths)
         logits = self.lm_head(self.model.norm(hidden))
         mtp_logits = []
         if with_mtp:
@@ -263,7 +265,7 @@ class MiMoForCausalLM(nn.Module):
             for k, layer in enumerate(self.model.mtp_layers):
                 next_embeds = roll_packed(mtp_embeds, cu_seqlens, shift=-(k + 1))
                 next_embeds = next_embeds.masked_fill((positions == 0)[:, None], 0.0)
-                prev = layer(prev, next_embeds, cos, sin, mask)
+                prev = layer(prev, next_embeds, cos, sin, lengths)
                 mtp_logits.append(F.linear(prev, head))
         return MiMoOutput(logits=logits, hidden=hidden, mtp_logits=mtp_logits)
 

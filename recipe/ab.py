@@ -173,7 +173,7 @@ def write_csv(path: Path, rows: list[dict]) -> None:
         w.writerows(rows)
 
 
-def markdown(t: dict[str, list[dict]], runs: dict[str, list[dict]], command: str) -> str:
+def markdown(t: dict[str, list[dict]], runs: dict[str, list[dict]], command: str, tail_threshold: int) -> str:
     def f(x: float, nd: int = 0) -> str:
         return "-" if x != x else f"{x:.{nd}f}"
 
@@ -181,7 +181,9 @@ def markdown(t: dict[str, list[dict]], runs: dict[str, list[dict]], command: str
     lines = [
         "# Seeded A/B: speculative rollout modes in DAPO training",
         "",
-        f"Produced by `{command}` ({steps} steps per mode, same config, data and seed; means over steps).",
+        f"Produced by `{command}` ({steps} steps per mode, same config, data and seed; means over steps). "
+        f"Long tail: engine steps with at most {tail_threshold} active requests, recomputed for every mode from "
+        "its saved rollout timelines.",
         "",
         "## (a) Rollout and training speed (slime's layout)",
         "",
@@ -249,16 +251,18 @@ def plots(runs: dict[str, list[dict]], runs_dir: Path, out: Path) -> None:
         return steps[w - 1 :], np.convolve(values, np.ones(w) / w, mode="valid")
 
     panels = [
-        ("acceptance.png", [("rollout/spec_accept_length", "mean acceptance length (vLLM)")],
-         ["ngram", "sam", "sam_group", "mtp_frozen", "mtp_online"]),
-        ("throughput.png", [("rollout/throughput_tok_s", "rollout tokens/s"),
-                            ("rollout/tail_throughput_tok_s", "long-tail tokens/s")], list(runs)),
-        ("reward_length.png", [("train/gen_score_mean", "mean reward (all generated)"),
-                               ("response_length/mean", "mean response length")], list(runs)),
+        ("acceptance.png", [("rollout/spec_accept_length", "mean acceptance length (vLLM)",
+                             ["ngram", "sam", "sam_group", "mtp_frozen", "mtp_online"]),
+                            ("mtp/head_acc", "MTP head top-1 accuracy on the step's responses",
+                             ["mtp_frozen", "mtp_online"])]),
+        ("throughput.png", [("rollout/throughput_tok_s", "rollout tokens/s", list(runs)),
+                            ("rollout/tail_throughput_tok_s", "long-tail tokens/s", list(runs))]),
+        ("reward_length.png", [("train/gen_score_mean", "mean reward (all generated)", list(runs)),
+                               ("response_length/mean", "mean response length", list(runs))]),
     ]  # fmt: skip
-    for filename, keys, modes in panels:
+    for filename, keys in panels:
         fig, axes = plt.subplots(1, len(keys), figsize=(6 * len(keys), 4), squeeze=False)
-        for ax, (key, label) in zip(axes[0], keys, strict=True):
+        for ax, (key, label, modes) in zip(axes[0], keys, strict=True):
             for mode in modes:
                 steps, values = series(runs.get(mode, []), key)
                 if len(values):
@@ -300,9 +304,28 @@ def timeline_plot(runs_dir: Path, path: Path) -> None:
     plt.close(fig)
 
 
-def report(name: str, runs_root: Path, out_root: Path, command: str, val_n: int) -> Path:
+def retail(run_dir: Path, h: list[dict], threshold: int) -> list[dict]:
+    """``h`` with its long-tail metrics recomputed from the run's saved timelines at ``threshold`` active
+    requests, so every mode's tail is the same part of the rollout whatever the run was configured with."""
+    from collections import defaultdict
+
+    from recipe.dapo.timeline import RolloutTimeline, step_rollout_metrics
+
+    rounds: dict[int, list[dict]] = defaultdict(list)
+    for path in sorted((run_dir / "timelines").glob("step_*_round_*.json")):
+        rounds[int(path.name.split("_")[1])].append(RolloutTimeline.load(path).summary(threshold))
+    out = []
+    for r in h:
+        if r["step"] in rounds:
+            tail = {k: v for k, v in step_rollout_metrics(rounds[r["step"]]).items() if "tail" in k}
+            r = {**r, **tail}
+        out.append(r)
+    return out
+
+
+def report(name: str, runs_root: Path, out_root: Path, command: str, val_n: int, tail_threshold: int) -> Path:
     runs_dir = runs_root / name
-    runs = {m: history(runs_dir / m) for m in MODES if history(runs_dir / m)}
+    runs = {m: retail(runs_dir / m, history(runs_dir / m), tail_threshold) for m in MODES if history(runs_dir / m)}
     if not runs:
         raise SystemExit(f"[ab] no finished runs under {runs_dir}")
     out = out_root / name
@@ -312,7 +335,7 @@ def report(name: str, runs_root: Path, out_root: Path, command: str, val_n: int)
         write_csv(out / f"{key}.csv", rows)
     (out / "tables.json").write_text(json.dumps(t, indent=2))
     plots(runs, runs_dir, out)
-    (out / "README.md").write_text(markdown(t, runs, command))
+    (out / "README.md").write_text(markdown(t, runs, command, tail_threshold))
     print((out / "README.md").read_text())
     return out
 
@@ -325,6 +348,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out-root", default=str(REPO_ROOT / "results" / "ab"))
     parser.add_argument("--report-only", action="store_true", help="only rebuild tables and plots")
     parser.add_argument("--val-n", type=int, default=128, help="validation problems (data.val_max_samples)")
+    parser.add_argument("--tail-threshold", type=int, default=8, help="long tail: at most this many active requests")
     args, overrides = parser.parse_known_args(argv)
     modes = args.modes.split(",")
     unknown = [m for m in modes if m not in MODES]
@@ -338,7 +362,7 @@ def main(argv: list[str] | None = None) -> None:
         run_modes(args.name, modes, overrides, runs_root)
     given = argv if argv is not None else sys.argv[1:]
     command = "python -m recipe.ab " + " ".join(a for a in given if a != "--report-only")
-    report(args.name, runs_root, out_root, command, args.val_n)
+    report(args.name, runs_root, out_root, command, args.val_n, args.tail_threshold)
 
 
 if __name__ == "__main__":

@@ -1,17 +1,19 @@
 """Training-time overhead of online MTP over a frozen head, side by side in one run -> ``results/mtp/``.
 
-One DAPO policy update as the local trainer does it (``recipe.dapo.policy.forward_rows`` on micro-batches,
-token-mean policy-gradient surrogate, backward, AdamW step), on the same batch of task traces, alternating
-``frozen`` (trunk only; the MTP layer gets no loss) and ``online`` (+ 0.2 x MTP CE on detached inputs in the
-same forward). Repeated for deeper trunks of the same width: the MTP layer's share of the work is about one
-decoder layer over the trunk's layers, which is why slime sees ~3.5% on deep models.
+Times the policy update of a DAPO step exactly as the local trainer runs it (``recipe.dapo.policy.Actor``:
+old log-probs, GRPO advantage, DAPO policy loss over ppo mini-batches, AdamW) with ``spec=mtp`` and
+``spec.mtp.train=frozen`` (the head's loss and accuracy are logged from the no-grad old-log-prob forward) or
+``online`` (+ 0.2 x MTP CE on detached inputs in the training forward), alternating on the same batch of
+task traces. Repeated for deeper trunks of the same width: the MTP layer's share of the work is about one
+decoder layer over the trunk's layers, which is why slime sees ~3.5% on deep models (MiMo-7B: 36 layers).
 
-    .venv/bin/python scripts/bench_mtp_overhead.py [--layers 4,16,32 --reps 12]
+    .venv/bin/python scripts/bench_mtp_overhead.py [--layers 4,16,36 --reps 12]
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import sys
 import time
@@ -42,21 +44,15 @@ def make_batch(ckpt: Path, prompts: int, n: int, width: int):
     return build_batch(responses, problems, uids, tok.pad_token_id, 64, width)
 
 
-def update(model, optimizer, batch, micro: int, online: bool) -> None:
-    from recipe.dapo.policy import forward_rows
+def make_actor(model, train: str, overrides: list[str]):
+    """The trainer's Actor for ``model`` with the default DAPO config and ``spec=mtp spec.mtp.train=train``."""
+    from hydra import compose, initialize_config_dir
 
-    optimizer.zero_grad(set_to_none=True)
-    tokens = float(batch.batch["response_mask"].sum())
-    for u0 in range(0, len(batch), micro):
-        mb = batch[u0 : u0 + micro]
-        out = forward_rows(model, mb, 1.0, with_mtp=online)
-        mask = mb.batch["response_mask"]
-        adv = mb.batch["advantages"]
-        loss = -(adv * out.log_probs.exp() * mask).sum() / tokens
-        if online:
-            loss = loss + 0.2 * out.mtp_loss * float(mask.sum()) / tokens
-        loss.backward()
-    optimizer.step()
+    from recipe.dapo.policy import Actor
+
+    with initialize_config_dir(config_dir=str(REPO_ROOT / "configs"), version_base=None):
+        cfg = compose(config_name="dapo", overrides=["spec=mtp", f"spec.mtp.train={train}", *overrides])
+    return Actor(model, cfg)
 
 
 def main() -> None:
@@ -71,7 +67,8 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=12, help="timed updates per mode and depth")
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--n", type=int, default=8)
-    parser.add_argument("--micro", type=int, default=16)
+    parser.add_argument("--micro", type=int, default=16, help="ppo_micro_batch_size_per_gpu (responses)")
+    parser.add_argument("--mini", type=int, default=8, help="ppo_mini_batch_size (prompt groups per optimizer step)")
     parser.add_argument("--out", default=str(REPO_ROOT / "results" / "mtp"))
     args = parser.parse_args()
 
@@ -79,7 +76,15 @@ def main() -> None:
     ckpt = ensure_base_model(OmegaConf.load(REPO_ROOT / "configs" / "sft.yaml"))
     base = load_checkpoint(ckpt)
     batch = make_batch(ckpt, args.prompts, args.n, 768)
-    batch.batch["advantages"] = torch.randn(len(batch), 1) * batch.batch["response_mask"]
+    # an outcome reward of +-1 on the last response token, as veRL's reward manager writes it
+    mask = batch.batch["response_mask"]
+    last = (mask.sum(-1) - 1).clamp(min=0)
+    rewards = torch.zeros(mask.shape)
+    rewards[torch.arange(len(batch)), last] = torch.randint(0, 2, (len(batch),)).float() * 2 - 1
+    batch.batch["token_level_rewards"] = rewards
+    overrides = [f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={args.micro}"]
+    overrides += [f"actor_rollout_ref.actor.ppo_mini_batch_size={args.mini}", f"data.train_batch_size={args.prompts}"]
+    overrides += [f"actor_rollout_ref.rollout.n={args.n}"]
     rows = []
     for depth in [int(x) for x in args.layers.split(",")]:
         cfg = base.config.__class__(**{**base.config.__dict__, "num_hidden_layers": depth})
@@ -87,16 +92,15 @@ def main() -> None:
         model.init_weights(0)
         if depth == base.config.num_hidden_layers:
             model.load_state_dict(base.state_dict())
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+        actors = {mode: make_actor(copy.deepcopy(model), mode, overrides) for mode in ("frozen", "online")}
         times: dict[str, list[float]] = {"frozen": [], "online": []}
-        update(model, optimizer, batch, args.micro, True)  # warm-up
+        for actor in actors.values():
+            actor.update(copy.deepcopy(batch), {})  # warm-up
         for rep in range(args.reps):
-            order = ("frozen", "online") if rep % 2 == 0 else ("online", "frozen")
-            for mode in order:
-                for p in model.model.mtp_layers.parameters():
-                    p.requires_grad_(mode == "online")
+            for mode in ("frozen", "online") if rep % 2 == 0 else ("online", "frozen"):
+                step_batch = copy.deepcopy(batch)
                 t = time.perf_counter()
-                update(model, optimizer, batch, args.micro, mode == "online")
+                actors[mode].update(step_batch, {})
                 times[mode].append(time.perf_counter() - t)
         frozen, online = float(np.median(times["frozen"])), float(np.median(times["online"]))
         row = {
@@ -116,9 +120,11 @@ def main() -> None:
     lines = [
         "# Online MTP training overhead over a frozen head",
         "",
-        f"Produced by `.venv/bin/python scripts/bench_mtp_overhead.py --layers {args.layers} --reps {args.reps}`: "
-        f"one policy update over {len(batch)} responses ({tokens} tokens, micro-batch {args.micro}), "
-        "median of alternating runs on the same batch; hidden size and MTP layer as the embedded default.",
+        f"Produced by `.venv/bin/python scripts/bench_mtp_overhead.py --layers {args.layers} --reps {args.reps} "
+        f"--mini {args.mini}`: the trainer's policy update (`recipe.dapo.policy.Actor.update`: old log-probs, "
+        f"GRPO advantage, DAPO loss, AdamW) over {len(batch)} responses ({tokens} tokens, micro-batch "
+        f"{args.micro}, mini-batch {args.mini} groups), median of alternating runs on the same batch; hidden size "
+        "and MTP layer as the embedded default.",
         "",
         "| trunk layers | parameters | frozen s/update | online s/update | overhead |",
         "|---|---|---|---|---|",

@@ -3,12 +3,12 @@
 ``--repeats`` rollouts (``--prompts`` prompts x ``--n`` samples at temperature 1, the DAPO shape) per mode, on the same
 prompts, each engine warmed up on other prompts first. Reports tokens/s and mean tokens per request-step
 (the acceptance length, bonus token included) over the whole rollout and in its long tail (at most ``--tail``
-active requests), from the engine-step timeline (vLLM's spec counters live in a process-wide registry that
-engines alive side by side would share). SAM modes: own text only; + group sharing (finished siblings); + cross-epoch
-(the drafter saw an earlier rollout of the same prompts, as in the next DAPO epoch). ``noop`` is vLLM's
-speculative path with a proposer that never drafts: the cost of the path itself.
+active requests), from the engine-step timeline. SAM modes: own text only; + group sharing (finished
+siblings); + cross-epoch (the drafter saw an earlier rollout of the same prompts, as in the next DAPO epoch);
+``@G`` sets a mode's gate (SAM drafts only while at most G requests are active; default ``--gate``).
+``noop`` is vLLM's speculative path with a proposer that never drafts: the cost of the path itself.
 
-    .venv/bin/python scripts/bench_rollout.py [--prompts 16 --n 8 --out results/sam]
+    .venv/bin/python scripts/bench_rollout.py [--prompts 16 --n 8 --modes off,sam+group+epoch@256]
 """
 
 from __future__ import annotations
@@ -71,8 +71,11 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--n", type=int, default=8)
     parser.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
-    parser.add_argument("--tail", type=int, default=8, help="long-tail threshold (active requests) = SAM's gate")
-    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--tail", type=int, default=8, help="long-tail threshold (active requests)")
+    parser.add_argument("--gate", type=int, default=None, help="SAM's batch_threshold (default: --tail)")
+    parser.add_argument(
+        "--modes", default=",".join(MODES), help="comma-separated; a SAM mode may name its gate: sam+group@32"
+    )
     parser.add_argument("--repeats", type=int, default=3, help="rollouts per mode (interleaved); medians reported")
     parser.add_argument("--out", default=str(REPO_ROOT / "results" / "sam"))
     args = parser.parse_args()
@@ -85,16 +88,21 @@ def main() -> None:
     # test prompts as they come: term counts are Pareto-distributed, so a few long traces make the long tail
     warm, prompts = ids[: args.prompts], ids[args.prompts : 2 * args.prompts]
     sampling = {"temperature": 1.0, "top_p": 1.0, "max_tokens": 768}
+    gate = args.tail if args.gate is None else args.gate
     engines = {}
     for name in args.modes.split(","):
-        method, sam_opts = MODES[name]
+        base_name, _, mode_gate = name.partition("@")
+        if base_name not in MODES or (mode_gate and not (MODES[base_name][0] == "sam" and mode_gate.isdigit())):
+            parser.error(f"--modes: unknown mode {name!r}; known: {', '.join(MODES)} (SAM modes take @<gate>)")
+        method, sam_opts = MODES[base_name]
         spec = engine_spec(method, args.k)
-        extra = {"sam": {"batch_threshold": args.tail, **sam_opts}} if method == "sam" else None
+        sam_gate = int(mode_gate) if mode_gate else gate
+        extra = {"sam": {"batch_threshold": sam_gate, **sam_opts}} if method == "sam" else None
         engine = RolloutEngine(
             str(ckpt), spec, EngineOptions(max_model_len=1024, seed=0, dtype="float32"), extra, free_cache_engine=False
         )
         engine.generate(warm, args.n, sampling)  # same shape on other prompts: every batch size seen once
-        if name == "sam+group+epoch":
+        if sam_opts and sam_opts["cross_epoch"]:
             engine.generate(prompts, args.n, sampling)  # the previous epoch of the same prompts
         engines[name] = engine
     # modes interleaved, rollout by rollout, so machine noise and drift hit every mode alike
@@ -136,9 +144,9 @@ def main() -> None:
         "# End-to-end rollouts with vLLM CPU on the base model",
         "",
         f"Produced by `.venv/bin/python scripts/bench_rollout.py --prompts {args.prompts} --n {args.n} "
-        f"--repeats {args.repeats}` (K={args.k}, temperature 1, long tail = at most {args.tail} active requests = "
-        f"SAM's gate; every mode's engine alive at once, rollouts interleaved mode by mode, medians of "
-        f"{args.repeats}).",
+        f"--repeats {args.repeats} --tail {args.tail} --gate {gate}` (K={args.k}, temperature 1, long tail = at "
+        f"most {args.tail} active requests, SAM drafts at most {gate} active requests; every mode's engine alive "
+        f"at once, rollouts interleaved mode by mode, medians of {args.repeats}).",
         "",
         "| mode | tokens/s | vs off | tail tokens/s | tail vs off | tokens/request-step | tail tokens/request-step | tail time share |",
         "|---|---|---|---|---|---|---|---|",

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The committed A/B (results/ab/cpu48/): every speculative mode on the default config, 48 steps each, one
+# The committed A/B (results/ab/cpu200/): every speculative mode on the default config, 200 steps each, one
 # after the other on this machine (keep it otherwise idle: the tables compare wall-clock times).
-#   scripts/run_ab.sh [extra Hydra overrides]      e.g. trainer.total_training_steps=96
+#   scripts/run_ab.sh [extra Hydra overrides]      e.g. trainer.total_training_steps=400
 # Rerunning resumes a killed mode and skips finished ones; `--report-only` rebuilds the tables.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-exec .venv/bin/python -m recipe.ab --name "${AB_NAME:-cpu48}" trainer.progress_bar=false "$@"
+exec .venv/bin/python -m recipe.ab --name "${AB_NAME:-cpu200}" trainer.progress_bar=false "$@"

@@ -37,7 +37,7 @@ def main() -> None:
 
     steps = [r for r in history if r["step"] > 0]  # step 0: the evaluation before training
     quarter = max(1, len(steps) // 4)
-    first, last = steps[:quarter], steps[-quarter:]
+    quarters = [steps[i * quarter : (i + 1) * quarter] for i in range(3)] + [steps[3 * quarter :]]
     val_key = "val-core/tiny_sum/acc/mean@1"
     vals = [(r["step"], r[val_key]) for r in history if val_key in r]
     probe_key = next((k for r in history for k in r if k.startswith("val-aux/train_probe/acc/")), None)
@@ -48,13 +48,15 @@ def main() -> None:
         "",
         f"Produced by `{args.command}` ({len(steps)} steps, {total_s / 60:.1f} min of training steps on this machine).",
         "",
-        "| metric | first quarter | last quarter |",
-        "|---|---|---|",
+        "Means over each quarter of the run's steps:",
+        "",
+        "| metric | steps " + " | steps ".join(f"{q[0]['step']}-{q[-1]['step']}" for q in quarters if q) + " |",
+        "|---|" + "---|" * sum(1 for q in quarters if q),
     ]
     for key in ("critic/score/mean", "train/gen_score_mean", "response_length/mean", "train/num_gen_batches",
                 "rollout/throughput_tok_s", "rollout/tail_throughput_tok_s", "rollout/spec_accept_length",
                 "timing_s/gen", "timing_s/step"):  # fmt: skip
-        lines.append(f"| `{key}` | {mean(key, first):.3f} | {mean(key, last):.3f} |")
+        lines.append(f"| `{key}` | " + " | ".join(f"{mean(key, q):.3f}" for q in quarters if q) + " |")
     if vals:
         lines += [
             "",

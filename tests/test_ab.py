@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -49,5 +50,11 @@ def test_two_mode_ab_runs_and_writes_tables_and_plots(harness_model, tmp_path):
     for png in ("acceptance.png", "throughput.png", "reward_length.png", "timeline.png"):
         assert (out / png).stat().st_size > 5000, png
     assert (out / "slime.csv").read_text().count("\n") == 3  # header + two modes
+    # the report recomputes the long tail from the saved timelines; at the trainer's threshold it matches what
+    # the runs logged
+    logged = [json.loads(x) for x in (tmp_path / "runs" / "t" / "sam" / "metrics.jsonl").read_text().splitlines()]
+    slime = {r["mode"]: r for r in json.loads((out / "tables.json").read_text())["slime"]}
+    tail_logged = np.mean([r["rollout/tail_throughput_tok_s"] for r in logged if "rollout/tail_throughput_tok_s" in r])
+    assert slime["sam"]["tail_tok_s"] == pytest.approx(tail_logged, rel=1e-9)
     again = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and again.stdout.count("skipped") == 2  # finished modes are not rerun

@@ -72,6 +72,7 @@ def test_unknown_key_is_named():
         ("algorithm.filter_groups.on_exhausted=maybe", "algorithm.filter_groups.on_exhausted"),
         ("trainer.resume=sometimes", "trainer.resume"),
         ("backend=ray", "backend"),
+        ("data.train_max_samples=0", "data.train_max_samples"),
     ],
 )
 def test_bad_values_fail_before_work_naming_the_key(override, key):
@@ -148,6 +149,33 @@ def test_two_step_job_then_kill_and_resume_matches_uninterrupted(harness_model, 
     resumed = metrics(killed)
     assert [r["step"] for r in resumed] == [1, 2, 3]
     assert comparable(resumed) == comparable(rows)  # same seed: same metrics, with or without the kill
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("train", ["frozen", "online"])
+def test_mtp_job_trains_the_head_only_when_online(harness_model, tmp_path, train):
+    """spec=mtp: frozen keeps the base checkpoint's MTP layer, online changes it; both log the head's loss,
+    accuracy and vLLM's acceptance every step. Also: data.train_max_samples caps the prompt pool (6 prompts,
+    3 per round: the stream wraps into epoch 1 within two steps)."""
+    from mtp.checkpoint import load_checkpoint
+
+    out = tmp_path / train
+    run_job(run_args(harness_model, out, 2, "spec=mtp", f"spec.mtp.train={train}", "data.train_max_samples=6"), out)
+    rows = metrics(out)
+    for key in ("mtp/head_loss", "mtp/head_acc", "rollout/spec_accept_length"):
+        assert all(key in r for r in rows), key
+    assert all(("mtp/loss" in r) == (train == "online") for r in rows)
+    assert rows[-1]["training/epoch"] >= 1
+    base, trained = load_checkpoint(harness_model), load_checkpoint(out / "checkpoints" / "global_step_2" / "actor")
+    prefix = "model.mtp_layers."
+    base_sd, trained_sd = base.state_dict(), trained.state_dict()
+    mtp_change = max(float((trained_sd[k] - base_sd[k]).abs().max()) for k in base_sd if k.startswith(prefix))
+    trunk_change = max(float((trained_sd[k] - base_sd[k]).abs().max()) for k in base_sd if not k.startswith(prefix))
+    assert trunk_change > 0  # the policy trained in both modes
+    if train == "online":
+        assert mtp_change > 0
+    else:
+        assert mtp_change == 0.0
 
 
 @pytest.mark.slow

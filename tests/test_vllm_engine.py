@@ -6,7 +6,7 @@ import torch
 from lossless_harness import GREEDY_PROMPTS, prompt_ids
 
 from mtp.checkpoint import load_checkpoint
-from recipe.engine import EngineOptions, make_llm, spec_counters, speculative_config
+from recipe.engine import EngineOptions, SpecCounters, make_llm, spec_counters, speculative_config
 
 
 @pytest.fixture(scope="module")
@@ -23,19 +23,28 @@ def test_vllm_loads_mimo_with_its_mtp_drafter(fp32_engine):
     assert config.speculative_config.method == "mtp"
 
 
+def prometheus_spec_counters(llm) -> SpecCounters:
+    """vLLM's process-wide ``vllm:spec_decode_*`` counters (every engine of the process adds to them)."""
+    values = {m.name: int(getattr(m, "value", 0)) for m in llm.get_metrics()}
+    names = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
+    return SpecCounters(*(values.get(f"vllm:spec_decode_{n}", 0) for n in names))
+
+
 @pytest.mark.slow
 def test_greedy_tokens_match_training_module_and_mtp_drafts(fp32_engine, harness_model):
     from vllm import SamplingParams, TokensPrompt
 
     model = load_checkpoint(harness_model).eval()
     prompts = [prompt_ids(str(harness_model), m) for m in GREEDY_PROMPTS[:4]]
-    before = spec_counters(fp32_engine)
+    before, prometheus_before = spec_counters(fp32_engine), prometheus_spec_counters(fp32_engine)
     outs = fp32_engine.generate(
         [TokensPrompt(prompt_token_ids=p) for p in prompts],
         SamplingParams(temperature=0, max_tokens=40),
         use_tqdm=False,
     )
     counters = spec_counters(fp32_engine) - before
+    # the recipe's per-engine stat logger counts what vLLM's own Prometheus counters count
+    assert counters == prometheus_spec_counters(fp32_engine) - prometheus_before
     for ids, out in zip(prompts, outs, strict=True):
         seq = list(ids)
         with torch.no_grad():

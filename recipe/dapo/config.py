@@ -47,6 +47,8 @@ def validate(cfg: DictConfig) -> None:
     data = cfg.data
     for key in ("train_batch_size", "gen_batch_size", "max_prompt_length", "max_response_length"):
         _require(data[key] >= 1, f"data.{key}", f"must be >= 1, got {data[key]}")
+    for key in ("train_max_samples", "val_max_samples"):
+        _require(data[key] is None or data[key] >= 1, f"data.{key}", f"must be >= 1 or null (all), got {data[key]}")
     for key in ("train_files", "val_files"):
         if data[key] is not None:
             _require(Path(data[key]).is_file(), f"data.{key}", f"file {data[key]} does not exist")
@@ -115,6 +117,7 @@ def validate(cfg: DictConfig) -> None:
         "trainer.device",
         f"must be auto, cpu, cuda or npu, got {tr.device!r}",
     )
+    _require(tr.long_tail_threshold >= 1, "trainer.long_tail_threshold", f"must be >= 1, got {tr.long_tail_threshold}")
     _require(tr.train_probe.prompts >= 0, "trainer.train_probe.prompts", "must be >= 0 (0: off)")
     _require(tr.train_probe.n >= 1, "trainer.train_probe.n", f"must be >= 1, got {tr.train_probe.n}")
     for key in ("nnodes", "n_gpus_per_node"):

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
+from omegaconf import DictConfig
 
 from mtp.loss import masked_ce, mtp_targets, roll_packed
 from mtp.model import MiMoForCausalLM
+from recipe.dapo.timeline import timed
 
 
 @dataclass
@@ -79,3 +82,115 @@ def forward_rows(model: MiMoForCausalLM, batch, temperature: float, with_mtp: bo
         mtp_loss,
         mtp_acc,
     )
+
+
+class Actor:
+    """The in-process policy and its AdamW: old log-probs, veRL's GRPO advantage and DAPO policy loss over
+    ppo mini-batches, and the online MTP loss on the same forward (``spec=mtp``, ``spec.mtp.train=online``).
+    The trainer and scripts/bench_mtp_overhead.py both run this update."""
+
+    def __init__(self, policy: MiMoForCausalLM, cfg: DictConfig):
+        from verl.trainer.ppo.core_algos import get_policy_loss_fn
+        from verl.workers.config import ActorConfig
+
+        self.cfg = cfg
+        self.spec_method = str(cfg.spec.method)
+        self.mtp_online = self.spec_method == "mtp" and cfg.spec.mtp.train == "online"
+        self.policy = policy.train()
+        for p in self.policy.model.mtp_layers.parameters():
+            p.requires_grad_(self.mtp_online)
+        actor = cfg.actor_rollout_ref.actor
+        self.optimizer = torch.optim.AdamW(
+            [p for p in self.policy.parameters() if p.requires_grad],
+            lr=actor.optim.lr,
+            betas=tuple(actor.optim.betas),
+            weight_decay=actor.optim.weight_decay,
+        )
+        self.policy_loss_fn = get_policy_loss_fn("vanilla")
+        self.actor_cfg = ActorConfig(
+            strategy="fsdp",
+            clip_ratio_low=actor.clip_ratio_low,
+            clip_ratio_high=actor.clip_ratio_high,
+            clip_ratio_c=actor.clip_ratio_c,
+            loss_agg_mode=actor.loss_agg_mode,
+            ppo_mini_batch_size=actor.ppo_mini_batch_size,
+            ppo_micro_batch_size_per_gpu=actor.ppo_micro_batch_size_per_gpu,
+            rollout_n=cfg.actor_rollout_ref.rollout.n,
+        )
+
+    def update(self, batch, timing: dict[str, float]) -> dict[str, float]:
+        """GRPO advantage + DAPO policy loss (+ online MTP loss), one pass of mini-batches per ppo epoch."""
+        from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
+
+        cfg = self.cfg
+        actor = cfg.actor_rollout_ref.actor
+        temperature = cfg.actor_rollout_ref.rollout.temperature
+        n = cfg.actor_rollout_ref.rollout.n
+        micro = actor.ppo_micro_batch_size_per_gpu
+        head_metrics: dict[str, list[float]] = {}
+        with timed(timing, "old_log_prob"):
+            olds = []
+            for i in range(0, len(batch), micro):
+                # a frozen head's loss and top-1 accuracy on this step's responses come from this no-grad
+                # forward; an online head reports them from its training forward in the update below
+                frozen_head = self.spec_method == "mtp" and not self.mtp_online
+                out = forward_rows(self.policy, batch[i : i + micro], temperature, with_mtp=frozen_head, grad=False)
+                olds.append(out.log_probs)
+                if out.mtp_loss is not None:
+                    head_metrics.setdefault("mtp/head_loss", []).append(out.mtp_loss.item())
+                    head_metrics.setdefault("mtp/head_acc", []).append(out.mtp_acc.item())
+            batch.batch["old_log_probs"] = torch.cat(olds)
+        with timed(timing, "adv"):
+            adv, returns = compute_grpo_outcome_advantage(
+                batch.batch["token_level_rewards"],
+                batch.batch["response_mask"],
+                batch.non_tensor_batch["uid"],
+                norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo,
+            )
+            batch.batch["advantages"], batch.batch["returns"] = adv, returns
+        sums: dict[str, list[float]] = dict(head_metrics)
+        mini_rows = actor.ppo_mini_batch_size * n
+        with timed(timing, "update_actor"):
+            for _ in range(actor.ppo_epochs):
+                for m0 in range(0, len(batch), mini_rows):
+                    mini = batch[m0 : m0 + mini_rows]
+                    tokens = int(mini.batch["response_mask"].sum())
+                    self.actor_cfg.global_batch_info.update(
+                        dp_size=1, batch_num_tokens=tokens, global_batch_size=len(mini)
+                    )
+                    self.optimizer.zero_grad(set_to_none=True)
+                    for u0 in range(0, len(mini), micro):
+                        mb = mini[u0 : u0 + micro]
+                        out = forward_rows(self.policy, mb, temperature, with_mtp=self.mtp_online)
+                        mask = mb.batch["response_mask"]
+                        pg_loss, pg_metrics = self.policy_loss_fn(
+                            old_log_prob=mb.batch["old_log_probs"],
+                            log_prob=out.log_probs,
+                            advantages=mb.batch["advantages"],
+                            response_mask=mask,
+                            loss_agg_mode=actor.loss_agg_mode,
+                            config=self.actor_cfg,
+                        )
+                        loss = pg_loss
+                        share = float(mask.sum()) / max(1, tokens)
+                        if self.mtp_online:
+                            loss = loss + cfg.spec.mtp.loss_scaling_factor * out.mtp_loss * share
+                            for key in ("mtp/loss", "mtp/head_loss"):
+                                sums.setdefault(key, []).append(out.mtp_loss.item())
+                            for key in ("mtp/acc", "mtp/head_acc"):
+                                sums.setdefault(key, []).append(out.mtp_acc.item())
+                        loss.backward()
+                        sums.setdefault("actor/pg_loss", []).append(pg_loss.item())
+                        sums.setdefault("actor/entropy", []).append(
+                            float((out.entropy * mask).sum() / mask.sum().clamp(min=1))
+                        )
+                        for k, v in pg_metrics.items():
+                            sums.setdefault(k, []).append(float(v))
+                    grad_norm = torch.nn.utils.clip_grad_norm_(
+                        [p for p in self.policy.parameters() if p.requires_grad], actor.grad_clip
+                    )
+                    sums.setdefault("actor/grad_norm", []).append(float(grad_norm))
+                    self.optimizer.step()
+        metrics = {k: float(np.mean(v)) for k, v in sums.items()}
+        metrics["actor/lr"] = actor.optim.lr
+        return metrics

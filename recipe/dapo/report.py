@@ -6,7 +6,7 @@ from pathlib import Path
 
 PROBE_ACC = "val-aux/train_probe/acc/mean@"
 PANELS = [
-    ("critic/score/mean", "mean training reward (score)"),
+    ("train/gen_score_mean", "mean training reward (every generated response, before filtering)"),
     ("response_length/mean", "mean response length (tokens)"),
     ("rollout/throughput_tok_s", "rollout tokens/s"),
     ("rollout/spec_accept_length", "mean acceptance length"),
@@ -33,7 +33,7 @@ def plot_run(history: list[dict], path: str | Path, title: str = "") -> Path:
             window = max(2, len(values) // 6)
             smooth = np.convolve(values, np.ones(window) / window, mode="valid")
             ax.plot(steps[window - 1 :], smooth, lw=2, label=f"running mean ({window})")
-        if key == "critic/score/mean":
+        if key == "train/gen_score_mean":
             for extra, style, name in (
                 ("val-core/tiny_sum/acc/mean@1", "s--", "greedy val acc"),
                 (next((k for h in history for k in h if k.startswith(PROBE_ACC)), None), "D-", "train probe acc (T=1)"),

@@ -8,11 +8,21 @@ article's definition); slime's long-tail figure is the longest sample's tokens o
 
 from __future__ import annotations
 
+import contextlib
 import json
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+
+@contextlib.contextmanager
+def timed(timing: dict[str, float], name: str):
+    """Add the wall time of the block to ``timing[name]`` (veRL's ``timing_s/*`` metrics)."""
+    start = time.perf_counter()
+    yield
+    timing[name] = timing.get(name, 0.0) + time.perf_counter() - start
 
 
 @dataclass
@@ -93,3 +103,36 @@ class RolloutTimeline:
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_json()))
+
+    @classmethod
+    def load(cls, path: str | Path) -> RolloutTimeline:
+        d = json.loads(Path(path).read_text())
+        return cls(
+            num_requests=d["num_requests"],
+            steps=[StepRecord(**s) for s in d["steps"]],
+            finishes={k: (int(v[0]), float(v[1])) for k, v in d["finishes"].items()},
+        )
+
+
+def step_rollout_metrics(rounds: list[dict[str, float]]) -> dict[str, float]:
+    """``rollout/*`` metrics of one training step from the timeline summaries of its generation rounds:
+    throughputs over the step's total (tail) time, acceptance averaged over rounds."""
+    tokens = sum(r["tokens"] for r in rounds)
+    time_s = sum(r["rollout_time_s"] for r in rounds)
+    tail_time = sum(r["rollout_time_s"] * r["tail_time_share"] for r in rounds)
+    tail_tokens = sum(r["tokens"] * r["tail_tokens_share"] for r in rounds)
+
+    def mean(key: str) -> float:
+        return float(np.mean([r[key] for r in rounds]))
+
+    return {
+        "rollout/throughput_tok_s": tokens / time_s if time_s else 0.0,
+        "rollout/tail_throughput_tok_s": tail_tokens / tail_time if tail_time else 0.0,
+        "rollout/tail_time_share": tail_time / time_s if time_s else 0.0,
+        "rollout/longest_sample_tok_s": mean("longest_sample_tok_s"),
+        "rollout/tokens_per_request_step": mean("tokens_per_request_step"),
+        "rollout/tail_tokens_per_request_step": mean("tail_tokens_per_request_step"),
+        "rollout/spec_accept_length": mean("spec_accept_length"),
+        "rollout/tail_spec_accept_length": mean("tail_spec_accept_length"),
+        "rollout/spec_draft_acceptance_rate": mean("spec_draft_acceptance_rate"),
+    }

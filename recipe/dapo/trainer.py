@@ -10,7 +10,6 @@ Metrics use veRL's names and go through ``verl.utils.tracking.Tracking``.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -27,9 +26,10 @@ from omegaconf import DictConfig, OmegaConf
 from mtp.checkpoint import load_checkpoint, save_checkpoint
 from recipe.dapo.batch import RewardFunction, build_batch, kept_groups, select_groups
 from recipe.dapo.data import PromptStream, load_prompts
-from recipe.dapo.policy import forward_rows
+from recipe.dapo.policy import Actor
 from recipe.dapo.report import plot_run
 from recipe.dapo.rollout import RolloutEngine
+from recipe.dapo.timeline import step_rollout_metrics, timed
 from recipe.engine import EngineOptions, spec_from_config
 from recipe.evaluate import evaluate
 
@@ -40,13 +40,6 @@ LATEST_FILE = "latest_checkpointed_iteration.txt"  # veRL's name for the resume 
 
 class TrainingDataExhaustedWarning(UserWarning):
     """Dynamic filtering hit max_num_gen_batches before train_batch_size groups were kept."""
-
-
-@contextlib.contextmanager
-def timed(timing: dict[str, float], name: str):
-    start = time.perf_counter()
-    yield
-    timing[name] = timing.get(name, 0.0) + time.perf_counter() - start
 
 
 PROBE_PREFIX = "val-aux/train_probe"
@@ -79,32 +72,9 @@ class DAPOTrainer:
         self.seed = int(tr.seed)
         self._seed_everything(self.seed)
         self.spec_method = str(cfg.spec.method)
-        self.mtp_online = self.spec_method == "mtp" and cfg.spec.mtp.train == "online"
 
-        self.policy = load_checkpoint(model_path, dtype=torch.float32).train()
-        for p in self.policy.model.mtp_layers.parameters():
-            p.requires_grad_(self.mtp_online)
-        actor = cfg.actor_rollout_ref.actor
-        self.optimizer = torch.optim.AdamW(
-            [p for p in self.policy.parameters() if p.requires_grad],
-            lr=actor.optim.lr,
-            betas=tuple(actor.optim.betas),
-            weight_decay=actor.optim.weight_decay,
-        )
-        from verl.trainer.ppo.core_algos import get_policy_loss_fn
-        from verl.workers.config import ActorConfig
-
-        self.policy_loss_fn = get_policy_loss_fn("vanilla")
-        self.actor_cfg = ActorConfig(
-            strategy="fsdp",
-            clip_ratio_low=actor.clip_ratio_low,
-            clip_ratio_high=actor.clip_ratio_high,
-            clip_ratio_c=actor.clip_ratio_c,
-            loss_agg_mode=actor.loss_agg_mode,
-            ppo_mini_batch_size=actor.ppo_mini_batch_size,
-            ppo_micro_batch_size_per_gpu=actor.ppo_micro_batch_size_per_gpu,
-            rollout_n=cfg.actor_rollout_ref.rollout.n,
-        )
+        self.actor = Actor(load_checkpoint(model_path, dtype=torch.float32), cfg)
+        self.policy = self.actor.policy
 
         ro = cfg.actor_rollout_ref.rollout
         spec_cfg, extra = spec_from_config(cfg.spec)
@@ -119,7 +89,9 @@ class DAPOTrainer:
         )
         self.engine = RolloutEngine(model_path, spec_cfg, options, extra, free_cache_engine=ro.free_cache_engine)
         self.tokenizer = self.engine.tokenizer
-        problems, prompt_ids = load_prompts(train_file, self.tokenizer, data.max_prompt_length)
+        problems, prompt_ids = load_prompts(
+            train_file, self.tokenizer, data.max_prompt_length, max_rows=data.train_max_samples
+        )
         self.stream = PromptStream(problems, prompt_ids, self.seed, data.shuffle)
         self.val_problems, _ = load_prompts(
             val_file, self.tokenizer, data.max_prompt_length, max_rows=data.val_max_samples
@@ -164,7 +136,7 @@ class DAPOTrainer:
         save_checkpoint(self.policy, self.tokenizer, tmp / "actor", dtype=torch.float32)
         state = {
             "global_step": self.global_step,
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": self.actor.optimizer.state_dict(),
             "cursor": (self.stream.cursor.epoch, self.stream.cursor.position),
             "torch_rng": torch.get_rng_state(),
             "numpy_rng": np.random.get_state(),
@@ -188,7 +160,7 @@ class DAPOTrainer:
         resumed = load_checkpoint(path / "actor", dtype=torch.float32)
         self.policy.load_state_dict(resumed.state_dict())
         state = torch.load(path / "trainer_state.pt", weights_only=False)
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.actor.optimizer.load_state_dict(state["optimizer"])
         self.stream.cursor.epoch, self.stream.cursor.position = state["cursor"]
         torch.set_rng_state(state["torch_rng"])
         np.random.set_state(state["numpy_rng"])
@@ -239,7 +211,7 @@ class DAPOTrainer:
                 self.reward(batch)
             scores_all.append(batch.non_tensor_batch["score"].astype(float))
             keep = kept_groups(batch, metric) if fg.enable else list(dict.fromkeys(uids))
-            tl = result.timeline.summary(self._tail_threshold())
+            tl = result.timeline.summary(int(self.cfg.trainer.long_tail_threshold))
             rounds.append({"gen_s": gen_s, "kept": len(keep), "groups": len(problems), **tl})
             self._save_timeline(result.timeline, r)
             if keep:
@@ -267,117 +239,23 @@ class DAPOTrainer:
         stats = self._round_metrics(rounds, np.concatenate(scores_all))
         return kept_batch, stats
 
-    def _tail_threshold(self) -> int:
-        return int(self.cfg.spec.sam.batch_threshold) if self.spec_method == "sam" else 8
-
     def _save_timeline(self, timeline, round_index: int) -> None:
         folder = self.out_dir / "timelines"
         folder.mkdir(exist_ok=True)
         timeline.save(folder / f"step_{self.global_step:05d}_round_{round_index}.json")
 
     def _round_metrics(self, rounds: list[dict], scores: np.ndarray) -> dict[str, float]:
-        tokens = sum(r["tokens"] for r in rounds)
-        time_s = sum(r["rollout_time_s"] for r in rounds)
-        tail_time = sum(r["rollout_time_s"] * r["tail_time_share"] for r in rounds)
-        tail_tokens = sum(r["tokens"] * r["tail_tokens_share"] for r in rounds)
         m = {
             "train/num_gen_batches": len(rounds),
             "train/num_kept_groups": sum(r["kept"] for r in rounds),
             "train/num_generated_groups": sum(r["groups"] for r in rounds),
             "train/gen_score_mean": float(scores.mean()),
-            "rollout/throughput_tok_s": tokens / time_s if time_s else 0.0,
-            "rollout/tail_throughput_tok_s": tail_tokens / tail_time if tail_time else 0.0,
-            "rollout/tail_time_share": tail_time / time_s if time_s else 0.0,
-            "rollout/longest_sample_tok_s": float(np.mean([r["longest_sample_tok_s"] for r in rounds])),
-            "rollout/tokens_per_request_step": float(np.mean([r["tokens_per_request_step"] for r in rounds])),
-            "rollout/tail_tokens_per_request_step": float(np.mean([r["tail_tokens_per_request_step"] for r in rounds])),
-            "rollout/spec_accept_length": float(np.mean([r["spec_accept_length"] for r in rounds])),
-            "rollout/tail_spec_accept_length": float(np.mean([r["tail_spec_accept_length"] for r in rounds])),
-            "rollout/spec_draft_acceptance_rate": float(np.mean([r["spec_draft_acceptance_rate"] for r in rounds])),
+            **step_rollout_metrics(rounds),
             "timing_s/gen_round_mean": float(np.mean([r["gen_s"] for r in rounds])),
         }
         for i, r in enumerate(rounds):
             m[f"timing_s/gen_round_{i + 1}"] = r["gen_s"]
         return m
-
-    def update(self, batch, timing: dict[str, float]) -> dict[str, float]:
-        """GRPO advantage + DAPO policy loss (+ online MTP loss), one pass of mini-batches per ppo epoch."""
-        from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
-
-        cfg = self.cfg
-        actor = cfg.actor_rollout_ref.actor
-        temperature = cfg.actor_rollout_ref.rollout.temperature
-        n = cfg.actor_rollout_ref.rollout.n
-        micro = actor.ppo_micro_batch_size_per_gpu
-        with timed(timing, "old_log_prob"):
-            olds = [forward_rows(self.policy, batch[i : i + micro], temperature, with_mtp=False, grad=False).log_probs
-                    for i in range(0, len(batch), micro)]  # fmt: skip
-            batch.batch["old_log_probs"] = torch.cat(olds)
-        with timed(timing, "adv"):
-            adv, returns = compute_grpo_outcome_advantage(
-                batch.batch["token_level_rewards"],
-                batch.batch["response_mask"],
-                batch.non_tensor_batch["uid"],
-                norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo,
-            )
-            batch.batch["advantages"], batch.batch["returns"] = adv, returns
-        sums: dict[str, list[float]] = {}
-        mini_rows = actor.ppo_mini_batch_size * n
-        with timed(timing, "update_actor"):
-            for _ in range(actor.ppo_epochs):
-                for m0 in range(0, len(batch), mini_rows):
-                    mini = batch[m0 : m0 + mini_rows]
-                    tokens = int(mini.batch["response_mask"].sum())
-                    self.actor_cfg.global_batch_info.update(
-                        dp_size=1, batch_num_tokens=tokens, global_batch_size=len(mini)
-                    )
-                    self.optimizer.zero_grad(set_to_none=True)
-                    for u0 in range(0, len(mini), micro):
-                        mb = mini[u0 : u0 + micro]
-                        out = forward_rows(self.policy, mb, temperature, with_mtp=self.mtp_online)
-                        mask = mb.batch["response_mask"]
-                        pg_loss, pg_metrics = self.policy_loss_fn(
-                            old_log_prob=mb.batch["old_log_probs"],
-                            log_prob=out.log_probs,
-                            advantages=mb.batch["advantages"],
-                            response_mask=mask,
-                            loss_agg_mode=actor.loss_agg_mode,
-                            config=self.actor_cfg,
-                        )
-                        loss = pg_loss
-                        share = float(mask.sum()) / max(1, tokens)
-                        if self.mtp_online:
-                            loss = loss + cfg.spec.mtp.loss_scaling_factor * out.mtp_loss * share
-                            sums.setdefault("mtp/loss", []).append(out.mtp_loss.item())
-                            sums.setdefault("mtp/acc", []).append(out.mtp_acc.item())
-                        loss.backward()
-                        sums.setdefault("actor/pg_loss", []).append(pg_loss.item())
-                        sums.setdefault("actor/entropy", []).append(
-                            float((out.entropy * mask).sum() / mask.sum().clamp(min=1))
-                        )
-                        for k, v in pg_metrics.items():
-                            sums.setdefault(k, []).append(float(v))
-                    grad_norm = torch.nn.utils.clip_grad_norm_(
-                        [p for p in self.policy.parameters() if p.requires_grad], actor.grad_clip
-                    )
-                    sums.setdefault("actor/grad_norm", []).append(float(grad_norm))
-                    self.optimizer.step()
-        metrics = {k: float(np.mean(v)) for k, v in sums.items()}
-        metrics["actor/lr"] = actor.optim.lr
-        return metrics
-
-    def mtp_eval(self, batch) -> dict[str, float]:
-        """MTP loss and top-1 accuracy of the (possibly frozen) head on this step's responses."""
-        if self.spec_method != "mtp":
-            return {}
-        micro = self.cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu
-        temperature = self.cfg.actor_rollout_ref.rollout.temperature
-        losses, accs = [], []
-        for i in range(0, len(batch), micro):
-            out = forward_rows(self.policy, batch[i : i + micro], temperature, with_mtp=True, grad=False)
-            losses.append(out.mtp_loss.item())
-            accs.append(out.mtp_acc.item())
-        return {"mtp/head_loss": float(np.mean(losses)), "mtp/head_acc": float(np.mean(accs))}
 
     def validate(self) -> dict[str, float]:
         """Greedy accuracy on the validation problems, and the sampled accuracy on the fixed training probe
@@ -437,9 +315,8 @@ class DAPOTrainer:
                         stacklevel=2,
                     )
                 else:
-                    metrics.update(self.mtp_eval(batch))
                     self.engine.sleep()
-                    metrics.update(self.update(batch, timing))
+                    metrics.update(self.actor.update(batch, timing))
                     self.engine.wake_up()
                     with timed(timing, "update_weights"):
                         self.engine.sync_weights(self.policy.state_dict())

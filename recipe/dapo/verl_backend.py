@@ -86,6 +86,8 @@ def verl_overrides(cfg: DictConfig, model: str, train: str, val: str) -> dict[st
         "data.gen_batch_size": int(data.gen_batch_size),
         "data.max_prompt_length": int(data.max_prompt_length),
         "data.max_response_length": int(data.max_response_length),
+        "data.train_max_samples": -1 if data.train_max_samples is None else int(data.train_max_samples),
+        "data.val_max_samples": -1 if data.val_max_samples is None else int(data.val_max_samples),
         "data.shuffle": bool(data.shuffle),
         "data.seed": int(tr.seed),
         "data.filter_overlong_prompts": True,
