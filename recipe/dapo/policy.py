@@ -128,12 +128,12 @@ class Actor:
         n = cfg.actor_rollout_ref.rollout.n
         micro = actor.ppo_micro_batch_size_per_gpu
         head_metrics: dict[str, list[float]] = {}
+        # a frozen head's loss and top-1 accuracy on this step's responses come from the no-grad old-log-prob
+        # forward; an online head reports them from its training forward in the update below
+        frozen_head = self.spec_method == "mtp" and not self.mtp_online
         with timed(timing, "old_log_prob"):
             olds = []
             for i in range(0, len(batch), micro):
-                # a frozen head's loss and top-1 accuracy on this step's responses come from this no-grad
-                # forward; an online head reports them from its training forward in the update below
-                frozen_head = self.spec_method == "mtp" and not self.mtp_online
                 out = forward_rows(self.policy, batch[i : i + micro], temperature, with_mtp=frozen_head, grad=False)
                 olds.append(out.log_probs)
                 if out.mtp_loss is not None:
