@@ -143,8 +143,8 @@ class SpecCounterLogger:
     """A vLLM stat logger (vLLM's ``StatLoggerBase`` interface) that sums this engine's spec-decode stats.
 
     vLLM's own counters live in the process-wide Prometheus registry: ``LLM.get_metrics()`` snapshots all of
-    it (~4 ms a call, more than an engine step of the 1M model, so a per-step timeline that read it doubled
-    the cost of speculative steps) and sums every engine of the process."""
+    it (milliseconds a call, about an engine step of the 1M model: a per-step timeline that read it charged
+    every speculative step that much again) and sums every engine of the process."""
 
     def __init__(self) -> None:
         self.counters = SpecCounters()
