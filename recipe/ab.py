@@ -304,7 +304,7 @@ def timeline_plot(runs_dir: Path, path: Path) -> None:
     plt.close(fig)
 
 
-def retail(run_dir: Path, h: list[dict], threshold: int) -> list[dict]:
+def with_tail_recomputed(run_dir: Path, h: list[dict], threshold: int) -> list[dict]:
     """``h`` with its long-tail metrics recomputed from the run's saved timelines at ``threshold`` active
     requests, so every mode's tail is the same part of the rollout whatever the run was configured with."""
     from collections import defaultdict
@@ -325,7 +325,11 @@ def retail(run_dir: Path, h: list[dict], threshold: int) -> list[dict]:
 
 def report(name: str, runs_root: Path, out_root: Path, command: str, val_n: int, tail_threshold: int) -> Path:
     runs_dir = runs_root / name
-    runs = {m: retail(runs_dir / m, history(runs_dir / m), tail_threshold) for m in MODES if history(runs_dir / m)}
+    runs = {
+        m: with_tail_recomputed(runs_dir / m, history(runs_dir / m), tail_threshold)
+        for m in MODES
+        if history(runs_dir / m)
+    }
     if not runs:
         raise SystemExit(f"[ab] no finished runs under {runs_dir}")
     out = out_root / name
