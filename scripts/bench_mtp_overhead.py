@@ -68,7 +68,9 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--n", type=int, default=8)
     parser.add_argument("--micro", type=int, default=16, help="ppo_micro_batch_size_per_gpu (responses)")
-    parser.add_argument("--mini", type=int, default=8, help="ppo_mini_batch_size (prompt groups per optimizer step)")
+    parser.add_argument(
+        "--mini", type=int, default=2, help="ppo_mini_batch_size (groups per optimizer step; as configs/dapo.yaml)"
+    )
     parser.add_argument("--out", default=str(REPO_ROOT / "results" / "mtp"))
     args = parser.parse_args()
 
