@@ -18,7 +18,7 @@ sys.path.insert(0, str(REPO_ROOT))
 
 
 def main() -> None:
-    from recipe.dapo.report import plot_run
+    from recipe.dapo.report import PROBE_ACC, plot_run
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dir")
@@ -40,7 +40,7 @@ def main() -> None:
     quarters = [steps[i * quarter : (i + 1) * quarter] for i in range(3)] + [steps[3 * quarter :]]
     val_key = "val-core/tiny_sum/acc/mean@1"
     vals = [(r["step"], r[val_key]) for r in history if val_key in r]
-    probe_key = next((k for r in history for k in r if k.startswith("val-aux/train_probe/acc/")), None)
+    probe_key = next((k for r in history for k in r if k.startswith(PROBE_ACC)), None)
     probes = [(r["step"], r[probe_key]) for r in history if probe_key and probe_key in r]
     total_s = sum(r.get("timing_s/step", 0.0) for r in history)
     lines = [

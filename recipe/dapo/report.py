@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-PROBE_ACC = "val-aux/train_probe/acc/mean@"
+PROBE_PREFIX = "val-aux/train_probe"  # metrics of the fixed training-prompt probe (trainer.train_probe)
+PROBE_ACC = f"{PROBE_PREFIX}/acc/mean@"
 PANELS = [
     ("train/gen_score_mean", "mean training reward (every generated response, before filtering)"),
     ("response_length/mean", "mean response length (tokens)"),

@@ -27,7 +27,7 @@ from mtp.checkpoint import load_checkpoint, save_checkpoint
 from recipe.dapo.batch import RewardFunction, build_batch, kept_groups, select_groups
 from recipe.dapo.data import PromptStream, load_prompts
 from recipe.dapo.policy import Actor
-from recipe.dapo.report import plot_run
+from recipe.dapo.report import PROBE_PREFIX, plot_run
 from recipe.dapo.rollout import RolloutEngine
 from recipe.dapo.timeline import step_rollout_metrics, timed
 from recipe.engine import EngineOptions, spec_from_config
@@ -40,9 +40,6 @@ LATEST_FILE = "latest_checkpointed_iteration.txt"  # veRL's name for the resume 
 
 class TrainingDataExhaustedWarning(UserWarning):
     """Dynamic filtering hit max_num_gen_batches before train_batch_size groups were kept."""
-
-
-PROBE_PREFIX = "val-aux/train_probe"
 
 
 def _reseed_worker(worker, seed: int) -> None:
@@ -292,12 +289,16 @@ class DAPOTrainer:
             history_path.write_text("")
         history = [json.loads(x) for x in history_path.read_text().splitlines()]
         total = int(tr.total_training_steps)
-        if tr.val_before_train and not resumed:
-            initial = {k: float(v) for k, v in self.validate().items()}
-            self.tracking.log(data=initial, step=0)
-            history.append({"step": 0, **initial})
+
+        def record(step: int, metrics: dict[str, float]) -> None:
+            """One row of metrics: Tracking backends, the in-memory history and metrics.jsonl."""
+            self.tracking.log(data=metrics, step=step)
+            history.append({"step": step, **metrics})
             with history_path.open("a") as fh:
-                fh.write(json.dumps({"step": 0, **initial}) + "\n")
+                fh.write(json.dumps({"step": step, **metrics}) + "\n")
+
+        if tr.val_before_train and not resumed:
+            record(0, {k: float(v) for k, v in self.validate().items()})
         from tqdm import tqdm
 
         bar = tqdm(range(self.global_step + 1, total + 1), desc="dapo", disable=not tr.progress_bar, dynamic_ncols=True)
@@ -332,10 +333,7 @@ class DAPOTrainer:
             metrics["training/global_step"] = step
             metrics["training/epoch"] = self.stream.cursor.epoch
             metrics = {k: float(v) for k, v in metrics.items() if np.isscalar(v)}
-            self.tracking.log(data=metrics, step=step)
-            history.append({"step": step, **metrics})
-            with history_path.open("a") as fh:
-                fh.write(json.dumps({"step": step, **metrics}) + "\n")
+            record(step, metrics)
             bar.set_postfix(score=f"{metrics.get('critic/score/mean', float('nan')):.3f}")
             if (tr.save_freq > 0 and step % tr.save_freq == 0) or step == total:
                 self.save()
