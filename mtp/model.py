@@ -118,7 +118,8 @@ class Attention(nn.Module):
         """Causal attention within each sequence of a packed stream ``x`` [T, H] (``lengths`` sum to T).
 
         One causal SDPA call per sequence: a dense block-diagonal [T, T] mask would cost O(T^2) for a
-        micro-batch of many short sequences (and force SDPA's unfused path on CPU)."""
+        micro-batch of many short sequences (and force SDPA's unfused path on CPU). Inputs are 4-D
+        ([1, heads, L, d]): 3-D inputs also take the unfused path on CPU (about 2x slower forward+backward)."""
         t = x.shape[0]
         cfg = self.cfg
         q = self.q_proj(x).view(t, cfg.num_attention_heads, cfg.head_dim).transpose(0, 1)
@@ -128,13 +129,14 @@ class Attention(nn.Module):
         rep = cfg.num_attention_heads // cfg.num_key_value_heads
         k, v = k.repeat_interleave(rep, dim=0), v.repeat_interleave(rep, dim=0)
         scale = 1.0 / math.sqrt(cfg.head_dim)
+        q, k, v = q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0)
         out = torch.cat(
             [
                 F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale)
-                for qs, ks, vs in zip(q.split(lengths, 1), k.split(lengths, 1), v.split(lengths, 1), strict=True)
+                for qs, ks, vs in zip(q.split(lengths, 2), k.split(lengths, 2), v.split(lengths, 2), strict=True)
             ],
-            dim=1,
-        )
+            dim=2,
+        )[0]
         return self.o_proj(out.transpose(0, 1).reshape(t, -1))
 
 

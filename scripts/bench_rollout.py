@@ -5,10 +5,11 @@ prompts, each engine warmed up on other prompts first. Reports tokens/s and mean
 (the acceptance length, bonus token included) over the whole rollout and in its long tail (at most ``--tail``
 active requests), from the engine-step timeline. SAM modes: own text only; + group sharing (finished
 siblings); + cross-epoch (the drafter saw an earlier rollout of the same prompts, as in the next DAPO epoch);
-``@G`` sets a mode's gate (SAM drafts only while at most G requests are active; default ``--gate``).
+``@G`` sets a mode's gate (SAM drafts only while at most G requests are active; default ``--gate``),
+``/kK`` its draft length cap K and ``/tX`` its tokens per match (defaults: configs/spec/sam.yaml).
 ``noop`` is vLLM's speculative path with a proposer that never drafts: the cost of the path itself.
 
-    .venv/bin/python scripts/bench_rollout.py [--prompts 16 --n 8 --modes off,sam+group+epoch@256]
+    .venv/bin/python scripts/bench_rollout.py [--prompts 16 --n 8 --modes off,sam+group+epoch@256/k4/t1]
 """
 
 from __future__ import annotations
@@ -47,6 +48,34 @@ class NoDraftProposer:
         return [[] for _ in sampled_token_ids]
 
 
+def parse_mode(name: str, default_gate: int, sam_defaults: dict) -> tuple[str, int, dict | None] | None:
+    """``base[@gate][/kK][/tX]`` -> (method, K, SAM options), or None when the name is not a known mode.
+    Every speculative mode takes ``/kK``; only SAM modes take a gate and tokens per match."""
+    head, *suffixes = name.split("/")
+    base_name, _, gate = head.partition("@")
+    if base_name not in MODES:
+        return None
+    method, sam_opts = MODES[base_name]
+    k = int(sam_defaults["ngram_k"] if method == "ngram" else sam_defaults["num_speculative_tokens"])
+    opts = {"min_match": sam_defaults["min_match"], "tokens_per_match": sam_defaults["tokens_per_match"]}
+    try:
+        for suffix in suffixes:
+            if suffix[:1] == "k" and method != "off":
+                k = int(suffix[1:])
+            elif suffix[:1] == "t" and method == "sam":
+                opts["tokens_per_match"] = float(suffix[1:])
+            else:
+                return None
+        if gate and method != "sam":
+            return None
+        gate_value = int(gate) if gate else default_gate
+    except ValueError:
+        return None
+    if method != "sam":
+        return method, k, None
+    return method, k, {"batch_threshold": gate_value, **opts, **sam_opts}
+
+
 def engine_spec(method: str, k: int) -> dict | None:
     from recipe.engine import speculative_config
 
@@ -70,11 +99,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--n", type=int, default=8)
-    parser.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
     parser.add_argument("--tail", type=int, default=8, help="long-tail threshold (active requests)")
     parser.add_argument("--gate", type=int, default=None, help="SAM's batch_threshold (default: --tail)")
     parser.add_argument(
-        "--modes", default=",".join(MODES), help="comma-separated; a SAM mode may name its gate: sam+group@32"
+        "--modes",
+        default=",".join(MODES),
+        help="comma-separated; a SAM mode may name its gate, K and tokens per match: sam+group@32/k4/t1",
     )
     parser.add_argument("--repeats", type=int, default=3, help="rollouts per mode (interleaved); medians reported")
     parser.add_argument("--out", default=str(REPO_ROOT / "results" / "sam"))
@@ -89,15 +119,23 @@ def main() -> None:
     warm, prompts = ids[: args.prompts], ids[args.prompts : 2 * args.prompts]
     sampling = {"temperature": 1.0, "top_p": 1.0, "max_tokens": 768}
     gate = args.tail if args.gate is None else args.gate
-    engines = {}
+    sam_cfg = OmegaConf.load(REPO_ROOT / "configs" / "spec" / "sam.yaml")
+    sam_defaults = {
+        "num_speculative_tokens": sam_cfg.num_speculative_tokens,
+        "min_match": sam_cfg.sam.min_match,
+        "tokens_per_match": sam_cfg.sam.tokens_per_match,
+        "ngram_k": OmegaConf.load(REPO_ROOT / "configs" / "spec" / "ngram.yaml").num_speculative_tokens,
+    }
+    engines, ks = {}, {}
     for name in args.modes.split(","):
-        base_name, _, mode_gate = name.partition("@")
-        if base_name not in MODES or (mode_gate and not (MODES[base_name][0] == "sam" and mode_gate.isdigit())):
-            parser.error(f"--modes: unknown mode {name!r}; known: {', '.join(MODES)} (SAM modes take @<gate>)")
-        method, sam_opts = MODES[base_name]
-        spec = engine_spec(method, args.k)
-        sam_gate = int(mode_gate) if mode_gate else gate
-        extra = {"sam": {"batch_threshold": sam_gate, **sam_opts}} if method == "sam" else None
+        parsed = parse_mode(name, gate, sam_defaults)
+        if parsed is None:
+            parser.error(
+                f"--modes: unknown mode {name!r}; known: {', '.join(MODES)} (SAM modes take @<gate>/k<K>/t<tokens>)"
+            )
+        method, ks[name], sam_opts = parsed
+        spec = engine_spec(method, ks[name])
+        extra = {"sam": sam_opts} if sam_opts else None
         engine = RolloutEngine(
             str(ckpt), spec, EngineOptions(max_model_len=1024, seed=0, dtype="float32"), extra, free_cache_engine=False
         )
@@ -122,6 +160,7 @@ def main() -> None:
         rows.append(
             {
                 "mode": name,
+                "k": ks[name] if name != "off" else 0,
                 "tokens": median("tokens"),
                 "rollout_s": median("rollout_time_s"),
                 "tok_s": median("throughput_tok_s"),
@@ -144,18 +183,19 @@ def main() -> None:
         "# End-to-end rollouts with vLLM CPU on the base model",
         "",
         f"Produced by `.venv/bin/python scripts/bench_rollout.py --prompts {args.prompts} --n {args.n} "
-        f"--repeats {args.repeats} --tail {args.tail} --gate {gate}` (K={args.k}, temperature 1, long tail = at "
-        f"most {args.tail} active requests, SAM drafts at most {gate} active requests; every mode's engine alive "
-        f"at once, rollouts interleaved mode by mode, medians of {args.repeats}).",
+        f"--repeats {args.repeats} --tail {args.tail} --gate {gate} --modes {args.modes}` (temperature 1, long tail = "
+        f"at most {args.tail} active requests, SAM drafts at most {gate} active requests unless a mode says @G, K and "
+        f"tokens per match from configs/spec unless a mode says /kK/tX; every mode's engine alive at once, rollouts "
+        f"interleaved mode by mode, medians of {args.repeats}).",
         "",
-        "| mode | tokens/s | vs off | tail tokens/s | tail vs off | tokens/request-step | tail tokens/request-step | tail time share |",
-        "|---|---|---|---|---|---|---|---|",
+        "| mode | K | tokens/s | vs off | tail tokens/s | tail vs off | tokens/request-step | tail tokens/request-step | tail time share |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         rel = f"{r['tok_s'] / base['tok_s']:.2f}x" if base else "-"
         rel_tail = f"{r['tail_tok_s'] / base['tail_tok_s']:.2f}x" if base and base["tail_tok_s"] else "-"
         lines.append(
-            f"| {r['mode']} | {r['tok_s']:.0f} | {rel} | {r['tail_tok_s']:.0f} | {rel_tail} | {r['tokens_per_request_step']:.2f} | "
+            f"| {r['mode']} | {r['k'] or '-'} | {r['tok_s']:.0f} | {rel} | {r['tail_tok_s']:.0f} | {rel_tail} | {r['tokens_per_request_step']:.2f} | "
             f"{r['tail_tokens_per_request_step']:.2f} | {r['tail_time_share']:.2f} |"
         )
     (out / "rollout_e2e.md").write_text("\n".join(lines) + "\n")

@@ -71,7 +71,7 @@ def test_spec_mappings_are_exactly_the_expected_verl_keys():
         f"{vllm}.speculative_config": {
             "method": "custom_class",
             "model": "sam.vllm.SAMProposer",
-            "num_speculative_tokens": 4,
+            "num_speculative_tokens": sam.num_speculative_tokens,
         },
         f"{vllm}.additional_config": {"sam": OmegaConf.to_container(sam.sam)},
     }

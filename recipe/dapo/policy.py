@@ -3,6 +3,10 @@ DAPO update with veRL's GRPO advantage and policy loss, plus the online MTP loss
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
+import logging
 from dataclasses import dataclass
 
 import numpy as np
@@ -13,6 +17,34 @@ from omegaconf import DictConfig
 from mtp.loss import masked_ce, mtp_targets, roll_packed
 from mtp.model import MiMoForCausalLM
 from recipe.dapo.timeline import timed
+
+logger = logging.getLogger(__name__)
+
+# glibc mallopt parameters (malloc.h)
+M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3
+
+
+@functools.cache
+def keep_freed_memory_on_cpu() -> bool:
+    """Stop glibc from handing freed activation memory back to the OS between training passes.
+
+    A CPU training step frees megabytes of activations and allocates them again in the next pass; with
+    glibc's defaults the freed top of the heap is trimmed and large blocks are mmap'ed afresh, so every pass
+    page-faults its memory in again. That churn made the online MTP head's forward cost more than twice its
+    no-grad forward (scripts/bench_mtp_overhead.py). Process-wide, once; a no-op off glibc."""
+    libc_name = ctypes.util.find_library("c")
+    if libc_name is None:
+        return False
+    libc = ctypes.CDLL(libc_name)
+    if not hasattr(libc, "mallopt"):
+        return False
+    mib = 1 << 20
+    ok = all(
+        libc.mallopt(param, value)
+        for param, value in ((M_MMAP_THRESHOLD, 256 * mib), (M_TRIM_THRESHOLD, 1024 * mib), (M_TOP_PAD, 64 * mib))
+    )
+    logger.info("glibc malloc: freed memory kept for reuse (mmap threshold 256 MiB, trim threshold 1 GiB): %s", ok)
+    return ok
 
 
 @dataclass
@@ -97,6 +129,8 @@ class Actor:
         self.spec_method = str(cfg.spec.method)
         self.mtp_online = self.spec_method == "mtp" and cfg.spec.mtp.train == "online"
         self.policy = policy.train()
+        if next(policy.parameters()).device.type == "cpu":
+            keep_freed_memory_on_cpu()
         for p in self.policy.model.mtp_layers.parameters():
             p.requires_grad_(self.mtp_online)
         actor = cfg.actor_rollout_ref.actor
