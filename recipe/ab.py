@@ -124,6 +124,7 @@ def tables(runs: dict[str, list[dict]], val_n: int) -> dict[str, list[dict]]:
                 "mode": mode,
                 "rollout_tok_s": mean_of(h, "rollout/throughput_tok_s"),
                 "tail_tok_s": mean_of(h, "rollout/tail_throughput_tok_s"),
+                "tail_request_tok_s": mean_of(h, "rollout/tail_request_tok_s"),
                 "longest_sample_tok_s": mean_of(h, "rollout/longest_sample_tok_s"),
                 "train_s_per_step": mean_of(h, "timing_s/update_actor") + mean_of(h, "timing_s/old_log_prob"),
                 "accept_len": mean_of(h, "rollout/tokens_per_request_step"),
@@ -187,16 +188,31 @@ def markdown(t: dict[str, list[dict]], runs: dict[str, list[dict]], command: str
         "",
         "## (a) Rollout and training speed (slime's layout)",
         "",
-        "| mode | rollout tok/s | long-tail tok/s | longest-sample tok/s | training s/step | tokens per request-step"
-        " | tail tokens per request-step | rollout tok/s, 2nd half |",
-        "|---|---|---|---|---|---|---|---|",
+        "| mode | rollout tok/s | long-tail tok/s | long-tail tok/s per active request | longest-sample tok/s |"
+        " training s/step | tokens per request-step | tail tokens per request-step | rollout tok/s, 2nd half |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in t["slime"]:
         lines.append(
-            f"| {r['mode']} | {f(r['rollout_tok_s'])} | {f(r['tail_tok_s'])} | {f(r['longest_sample_tok_s'], 1)} | "
-            f"{f(r['train_s_per_step'], 2)} | {f(r['accept_len'], 2)} | {f(r['tail_accept_len'], 2)} | "
-            f"{f(r['rollout_tok_s_2nd_half'])} |"
+            f"| {r['mode']} | {f(r['rollout_tok_s'])} | {f(r['tail_tok_s'])} | {f(r['tail_request_tok_s'])} | "
+            f"{f(r['longest_sample_tok_s'], 1)} | {f(r['train_s_per_step'], 2)} | {f(r['accept_len'], 2)} | "
+            f"{f(r['tail_accept_len'], 2)} | {f(r['rollout_tok_s_2nd_half'])} |"
         )
+    off = next((r for r in t["slime"] if r["mode"] == "off"), None)
+    if off:
+        ratio_keys = ("rollout_tok_s", "rollout_tok_s_2nd_half", "tail_tok_s", "tail_request_tok_s")
+        lines += [
+            "",
+            "Over spec off (ratios of the columns above): rollout tok/s, 2nd half, long-tail tok/s, long-tail tok/s "
+            "per active request.",
+            "",
+            "| mode | rollout | rollout, 2nd half | long tail | long tail per request |",
+            "|---|---|---|---|---|",
+        ]
+        for r in t["slime"]:
+            if r["mode"] != "off":
+                cells = " | ".join(f"{r[k] / off[k]:.2f}x" if off[k] else "-" for k in ratio_keys)
+                lines.append(f"| {r['mode']} | {cells} |")
     lines += [
         "",
         "## (b) Time per step (the Ascend SAM article's layout)",

@@ -22,6 +22,7 @@ TIMING_PREFIXES = (
     "perf/",
     "rollout/throughput",
     "rollout/tail_throughput",
+    "rollout/tail_request_tok_s",
     "rollout/longest",
     "rollout/tail_time",
 )

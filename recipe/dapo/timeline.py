@@ -3,7 +3,9 @@
 Per engine step: start time, duration, active requests, requests that emitted tokens, tokens emitted, and
 the speculative counters (drafts, draft tokens, accepted tokens). Per request: its length and finish time.
 The long tail is the part of a rollout where at most ``tail_threshold`` requests are active (the Ascend SAM
-article's definition); slime's long-tail figure is the longest sample's tokens over the rollout time.
+article's definition); slime's long-tail figure is the longest sample's tokens over the rollout time. The
+tail's tokens/s per active request (tokens over request-seconds) compares tails that hold different numbers
+of requests, as when a drafter changes which requests are left at the end.
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ class RolloutTimeline:
         tail = a["active"] <= tail_threshold
         tail_time = float(a["duration_s"][tail].sum())
         tail_tokens = float(a["tokens"][tail].sum())
+        tail_request_time = float((a["active"][tail] * a["duration_s"][tail]).sum())
         lengths = np.array([length for length, _ in self.finishes.values()]) if self.finishes else np.zeros(1)
 
         def accept_len(mask: np.ndarray) -> float:
@@ -79,6 +82,10 @@ class RolloutTimeline:
             "tokens": tokens,
             "throughput_tok_s": tokens / total_time if total_time else 0.0,
             "tail_throughput_tok_s": tail_tokens / tail_time if tail_time else 0.0,
+            # a tail request's own decode speed: the tail's tokens/s divided by the requests it is spread over,
+            # which differs between modes when a drafter changes which requests are left at the end
+            "tail_request_tok_s": tail_tokens / tail_request_time if tail_request_time else 0.0,
+            "tail_request_time_s": tail_request_time,
             "tail_time_share": tail_time / total_time if total_time else 0.0,
             "tail_tokens_share": tail_tokens / tokens if tokens else 0.0,
             "longest_sample_tok_s": float(lengths.max()) / total_time if total_time else 0.0,
@@ -121,6 +128,7 @@ def step_rollout_metrics(rounds: list[dict[str, float]]) -> dict[str, float]:
     time_s = sum(r["rollout_time_s"] for r in rounds)
     tail_time = sum(r["rollout_time_s"] * r["tail_time_share"] for r in rounds)
     tail_tokens = sum(r["tokens"] * r["tail_tokens_share"] for r in rounds)
+    tail_request_time = sum(r["tail_request_time_s"] for r in rounds)
 
     def mean(key: str) -> float:
         return float(np.mean([r[key] for r in rounds]))
@@ -128,6 +136,7 @@ def step_rollout_metrics(rounds: list[dict[str, float]]) -> dict[str, float]:
     return {
         "rollout/throughput_tok_s": tokens / time_s if time_s else 0.0,
         "rollout/tail_throughput_tok_s": tail_tokens / tail_time if tail_time else 0.0,
+        "rollout/tail_request_tok_s": tail_tokens / tail_request_time if tail_request_time else 0.0,
         "rollout/tail_time_share": tail_time / time_s if time_s else 0.0,
         "rollout/longest_sample_tok_s": mean("longest_sample_tok_s"),
         "rollout/tokens_per_request_step": mean("tokens_per_request_step"),
