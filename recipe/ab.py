@@ -211,7 +211,10 @@ def markdown(t: dict[str, list[dict]], runs: dict[str, list[dict]], command: str
         ]
         for r in t["slime"]:
             if r["mode"] != "off":
-                cells = " | ".join(f"{r[k] / off[k]:.2f}x" if off[k] else "-" for k in ratio_keys)
+                cells = " | ".join(
+                    f"{r[k] / off[k]:.2f}x" if math.isfinite(r[k] / off[k] if off[k] else math.nan) else "-"
+                    for k in ratio_keys
+                )
                 lines.append(f"| {r['mode']} | {cells} |")
     lines += [
         "",
