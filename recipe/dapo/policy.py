@@ -41,9 +41,10 @@ def keep_freed_memory_on_cpu() -> bool:
     mib = 1 << 20
     ok = all(
         libc.mallopt(param, value)
-        for param, value in ((M_MMAP_THRESHOLD, 256 * mib), (M_TRIM_THRESHOLD, 1024 * mib), (M_TOP_PAD, 64 * mib))
+        # 32 MiB: the largest mmap threshold glibc documents for 64-bit; activations here are a few MiB
+        for param, value in ((M_MMAP_THRESHOLD, 32 * mib), (M_TRIM_THRESHOLD, 1024 * mib), (M_TOP_PAD, 64 * mib))
     )
-    logger.info("glibc malloc: freed memory kept for reuse (mmap threshold 256 MiB, trim threshold 1 GiB): %s", ok)
+    logger.info("glibc malloc: freed memory kept for reuse (mmap threshold 32 MiB, trim threshold 1 GiB): %s", ok)
     return ok
 
 
