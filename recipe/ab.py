@@ -211,11 +211,8 @@ def markdown(t: dict[str, list[dict]], runs: dict[str, list[dict]], command: str
         ]
         for r in t["slime"]:
             if r["mode"] != "off":
-                cells = " | ".join(
-                    f"{r[k] / off[k]:.2f}x" if math.isfinite(r[k] / off[k] if off[k] else math.nan) else "-"
-                    for k in ratio_keys
-                )
-                lines.append(f"| {r['mode']} | {cells} |")
+                ratios = [r[k] / off[k] if off[k] else math.nan for k in ratio_keys]
+                lines.append(f"| {r['mode']} | " + " | ".join(f"{x:.2f}x" if x == x else "-" for x in ratios) + " |")
     lines += [
         "",
         "## (b) Time per step (the Ascend SAM article's layout)",

@@ -56,7 +56,7 @@ def parse_mode(name: str, default_gate: int, sam_defaults: dict) -> tuple[str, i
     if base_name not in MODES:
         return None
     method, sam_opts = MODES[base_name]
-    k = int(sam_defaults["ngram_k"] if method == "ngram" else sam_defaults["num_speculative_tokens"])
+    k = 0 if method == "off" else int(sam_defaults["ngram_k" if method == "ngram" else "num_speculative_tokens"])
     opts = {"min_match": sam_defaults["min_match"], "tokens_per_match": sam_defaults["tokens_per_match"]}
     try:
         for suffix in suffixes:
@@ -160,7 +160,7 @@ def main() -> None:
         rows.append(
             {
                 "mode": name,
-                "k": ks[name] if name != "off" else 0,
+                "k": ks[name],
                 "tokens": median("tokens"),
                 "rollout_s": median("rollout_time_s"),
                 "tok_s": median("throughput_tok_s"),

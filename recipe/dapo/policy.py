@@ -135,8 +135,9 @@ class Actor:
         for p in self.policy.model.mtp_layers.parameters():
             p.requires_grad_(self.mtp_online)
         actor = cfg.actor_rollout_ref.actor
+        self.trainable = [p for p in self.policy.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
-            [p for p in self.policy.parameters() if p.requires_grad],
+            self.trainable,
             lr=actor.optim.lr,
             betas=tuple(actor.optim.betas),
             weight_decay=actor.optim.weight_decay,
@@ -221,9 +222,7 @@ class Actor:
                         )
                         for k, v in pg_metrics.items():
                             sums.setdefault(k, []).append(float(v))
-                    grad_norm = torch.nn.utils.clip_grad_norm_(
-                        [p for p in self.policy.parameters() if p.requires_grad], actor.grad_clip
-                    )
+                    grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable, actor.grad_clip)
                     sums.setdefault("actor/grad_norm", []).append(float(grad_norm))
                     self.optimizer.step()
         metrics = {k: float(np.mean(v)) for k, v in sums.items()}
