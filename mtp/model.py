@@ -119,7 +119,7 @@ class Attention(nn.Module):
 
         One causal SDPA call per sequence: a dense block-diagonal [T, T] mask would cost O(T^2) for a
         micro-batch of many short sequences (and force SDPA's unfused path on CPU). Inputs are 4-D
-        ([1, heads, L, d]): 3-D inputs also take the unfused path on CPU (about 2x slower forward+backward)."""
+        ([1, heads, L, d]): 3-D inputs also take the unfused path on CPU."""
         t = x.shape[0]
         cfg = self.cfg
         q = self.q_proj(x).view(t, cfg.num_attention_heads, cfg.head_dim).transpose(0, 1)

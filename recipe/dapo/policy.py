@@ -30,8 +30,8 @@ def keep_freed_memory_on_cpu() -> bool:
 
     A CPU training step frees megabytes of activations and allocates them again in the next pass; with
     glibc's defaults the freed top of the heap is trimmed and large blocks are mmap'ed afresh, so every pass
-    page-faults its memory in again. On the embedded model that churn cost the online MTP head's forward
-    20-45 ms per micro-batch of 16 responses instead of 9-10 ms. Process-wide, once; a no-op off glibc."""
+    page-faults its memory in again; the online MTP head's forward under autograd paid most of that.
+    Process-wide, once; a no-op off glibc."""
     libc_name = ctypes.util.find_library("c")
     if libc_name is None:
         return False
