@@ -6,7 +6,9 @@
 
 Every mode runs the same config, data and seed (``python -m recipe.dapo`` in its own process, so a crash of
 one mode loses nothing of the others, and a rerun resumes a killed mode from its checkpoint and skips
-finished ones). Runs go to ``runs/ab/<name>/<mode>/``; tables (markdown + CSV) and PNG plots to
+finished ones). Modes take turns in chunks of ``--chunk-steps`` training steps, each chunk resuming the mode's
+run from its checkpoint (a resumed run logs what an uninterrupted one would), so that slow and fast spells of a
+shared machine fall on every mode alike instead of on whichever mode ran during them. Runs go to ``runs/ab/<name>/<mode>/``; tables (markdown + CSV) and PNG plots to
 ``results/ab/<name>/``:
 - (a) slime's layout: rollout tokens/s, long-tail tokens/s, longest-sample tokens/s, training time per step;
 - (b) the Ascend SAM article's layout: average inference time per generation round, total rollout time per
@@ -56,27 +58,45 @@ def total_steps(overrides: list[str]) -> int:
         return int(compose(config_name="dapo", overrides=overrides).trainer.total_training_steps)
 
 
-def run_modes(name: str, modes: list[str], overrides: list[str], runs_root: Path) -> None:
-    """Each mode in its own ``python -m recipe.dapo`` process; finished modes are skipped, killed ones resume."""
+def chunk_ends(steps: int, chunk_steps: int) -> list[int]:
+    """The step each turn of a mode runs to: every ``chunk_steps`` steps, and the last (``chunk_steps <= 0``: all
+    at once)."""
+    if chunk_steps <= 0:
+        return [steps]
+    return [*range(chunk_steps, steps, chunk_steps), steps]
+
+
+def run_modes(name: str, modes: list[str], overrides: list[str], runs_root: Path, chunk_steps: int) -> None:
+    """Each mode in its own ``python -m recipe.dapo`` process, modes taking turns chunk by chunk; finished modes
+    are skipped, killed ones resume."""
     steps = total_steps(overrides)
+    overrides = [o for o in overrides if not o.startswith("trainer.total_training_steps=")]
+    pending = []
     for mode in modes:
-        run_dir = runs_root / name / mode
-        done = history(run_dir)
+        done = history(runs_root / name / mode)
         if done and done[-1]["step"] >= steps:
-            print(f"[ab] {mode}: finished ({steps} steps) in {run_dir}, skipped", flush=True)
-            continue
-        args = [
-            *overrides,
-            *MODES[mode],
-            f"trainer.default_local_dir={run_dir}",
-            f"hydra.run.dir={run_dir}/hydra",
-            f"trainer.experiment_name={mode}",
-            "trainer.resume=auto",
-        ]
-        print(f"[ab] {mode}: python -m recipe.dapo {' '.join(args)}", flush=True)
-        proc = subprocess.run([sys.executable, "-m", "recipe.dapo", *args], cwd=REPO_ROOT)
-        if proc.returncode != 0:
-            raise SystemExit(f"[ab] mode {mode} failed (exit {proc.returncode}); rerun the same command to resume")
+            print(f"[ab] {mode}: finished ({steps} steps) in {runs_root / name / mode}, skipped", flush=True)
+        else:
+            pending.append(mode)
+    for end in chunk_ends(steps, chunk_steps):
+        for mode in pending:
+            run_dir = runs_root / name / mode
+            done = history(run_dir)
+            if done and done[-1]["step"] >= end:
+                continue
+            args = [
+                *overrides,
+                *MODES[mode],
+                f"trainer.total_training_steps={end}",
+                f"trainer.default_local_dir={run_dir}",
+                f"hydra.run.dir={run_dir}/hydra",
+                f"trainer.experiment_name={mode}",
+                "trainer.resume=auto",
+            ]
+            print(f"[ab] {mode}: python -m recipe.dapo {' '.join(args)}", flush=True)
+            proc = subprocess.run([sys.executable, "-m", "recipe.dapo", *args], cwd=REPO_ROOT)
+            if proc.returncode != 0:
+                raise SystemExit(f"[ab] mode {mode} failed (exit {proc.returncode}); rerun the same command to resume")
 
 
 def series(h: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
@@ -369,6 +389,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--report-only", action="store_true", help="only rebuild tables and plots")
     parser.add_argument("--val-n", type=int, default=128, help="validation problems (data.val_max_samples)")
     parser.add_argument("--tail-threshold", type=int, default=8, help="long tail: at most this many active requests")
+    parser.add_argument(
+        "--chunk-steps",
+        type=int,
+        default=50,
+        help="modes take turns every this many training steps (0: each mode runs through at once); a multiple of "
+        "trainer.test_freq and trainer.save_freq keeps evaluations and checkpoints where an uninterrupted run has them",
+    )
     args, overrides = parser.parse_known_args(argv)
     modes = args.modes.split(",")
     unknown = [m for m in modes if m not in MODES]
@@ -379,7 +406,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"not a Hydra override (key=value): {bad}")
     runs_root, out_root = Path(args.runs_root), Path(args.out_root)
     if not args.report_only:
-        run_modes(args.name, modes, overrides, runs_root)
+        run_modes(args.name, modes, overrides, runs_root, args.chunk_steps)
     given = argv if argv is not None else sys.argv[1:]
     command = "python -m recipe.ab " + " ".join(a for a in given if a != "--report-only")
     report(args.name, runs_root, out_root, command, args.val_n, args.tail_threshold)

@@ -7,9 +7,12 @@ Each request drafts from up to three sources and keeps the one with the longest 
 - ``history``: responses to the same prompt from earlier rollouts (RhymeRL / SPEC-RL's cross-epoch reuse).
 
 Group material lives in one automaton per prompt and source, with a unique negative separator after each
-response so no draft runs from one response into the next. When the last active sample of a prompt
-finishes, the rollout's sibling responses move into the history (if ``cross_epoch``) and the sibling
-automaton is dropped, so memory is bounded by ``max_history_tokens`` per prompt and ``max_groups``.
+response so no draft runs from one response into the next. Each response is stored after its prompt's last
+``lead_tokens`` tokens (the group's ``lead``): a new request's context ends with the same tokens, so it matches
+its siblings' openings from its first step instead of only after ``min_match`` tokens of its own. When the last
+active sample of a prompt finishes, the rollout's sibling responses move into the history (if ``cross_epoch``)
+and the sibling automaton is dropped, so memory is bounded by ``max_history_tokens`` per prompt and
+``max_groups``.
 
 All automata of a drafter live in one :class:`~sam.automaton.AutomatonPool`, and :class:`BatchDrafter` runs a
 whole decode step (every running request's extend, matchers and draft) in one compiled call.
@@ -33,6 +36,8 @@ class SAMOptions:
     min_match: int = 3  # no draft below this match length
     tokens_per_match: float = 1.0  # draft length = ceil(tokens_per_match * (match - min_match + 1)), capped by K
     batch_threshold: int = 8  # no drafting while more than this many requests are active (the article used 8)
+    lead_tokens: int = 3  # prompt tokens stored before each group response: a new request, whose context ends with
+    # them, drafts its siblings' openings from its first step (0: only after min_match tokens of its own)
     group_sharing: bool = True  # draft from finished sibling responses of the same prompt
     cross_epoch: bool = True  # draft from earlier rollouts' responses to the same prompt
     own_bonus: int = 0  # match-length bonus of the request's own text over group material
@@ -54,6 +59,8 @@ class SAMOptions:
             raise ValueError(f"SAM option tokens_per_match must be > 0, got {opts.tokens_per_match}")
         if opts.batch_threshold < 0:
             raise ValueError(f"SAM option batch_threshold must be >= 0, got {opts.batch_threshold}")
+        if opts.lead_tokens < 0:
+            raise ValueError(f"SAM option lead_tokens must be >= 0, got {opts.lead_tokens}")
         return opts
 
     def draft_length(self, match_length: int, k: int) -> int:
@@ -64,10 +71,12 @@ class SAMOptions:
 
 
 class ResponseCorpus:
-    """Responses to one prompt in one pooled automaton, separated by unique negative tokens."""
+    """Responses to one prompt in one pooled automaton, each after the prompt's ``lead`` tokens and followed by a
+    unique negative separator."""
 
-    def __init__(self, pool: AutomatonPool) -> None:
+    def __init__(self, pool: AutomatonPool, lead: np.ndarray) -> None:
         self.pool = pool
+        self.lead = lead
         self.automaton = SuffixAutomaton(capacity=256, pool=pool)
         self.responses: list[np.ndarray] = []
 
@@ -75,6 +84,7 @@ class ResponseCorpus:
         if response.size == 0:
             return
         self.responses.append(response)
+        self.automaton.extend(self.lead)
         self.automaton.extend(response)
         self.automaton.extend([-len(self.responses)])
 
@@ -93,9 +103,10 @@ class ResponseCorpus:
 class Group:
     """Draft material for one prompt; corpora are only replaced while no request of the prompt runs."""
 
-    def __init__(self, pool: AutomatonPool):
-        self.siblings = ResponseCorpus(pool)
-        self.history = ResponseCorpus(pool)
+    def __init__(self, pool: AutomatonPool, lead: np.ndarray):
+        self.lead = lead
+        self.siblings = ResponseCorpus(pool, lead)
+        self.history = ResponseCorpus(pool, lead)
         self.active = 0
 
     def close(self) -> None:
@@ -111,10 +122,11 @@ class GroupStore:
         self.pool = pool
         self.groups: OrderedDict[bytes, Group] = OrderedDict()
 
-    def join(self, key: bytes) -> Group:
+    def join(self, key: bytes, lead: np.ndarray) -> Group:
+        """A request of prompt ``key`` started; ``lead`` is the prompt's tail that precedes every response."""
         group = self.groups.get(key)
         if group is None:
-            group = self.groups[key] = Group(self.pool)
+            group = self.groups[key] = Group(self.pool, lead)
             excess = len(self.groups) - self.options.max_groups
             if excess > 0:  # least recently used first; groups with running requests stay
                 idle = [k for k, g in self.groups.items() if g.active == 0 and k != key][:excess]
@@ -136,13 +148,13 @@ class GroupStore:
             group.close()
             return
         kept = group.history.responses + group.siblings.responses
-        while kept and sum(r.size + 1 for r in kept) > opts.max_history_tokens:
+        while kept and sum(group.lead.size + r.size + 1 for r in kept) > opts.max_history_tokens:
             kept.pop(0)
         group.close()
-        group.history = ResponseCorpus(self.pool)
+        group.history = ResponseCorpus(self.pool, group.lead)
         for r in kept:
             group.history.add(r)
-        group.siblings = ResponseCorpus(self.pool)
+        group.siblings = ResponseCorpus(self.pool, group.lead)
 
     def num_tokens(self) -> int:
         return sum(g.siblings.num_tokens + g.history.num_tokens for g in self.groups.values())
@@ -189,7 +201,8 @@ class BatchDrafter:
         if slot >= self._size:
             self._resize(max(2 * self._size, slot + 1))
         opts = self.options
-        group = self.groups.join(key) if opts.group_sharing or opts.cross_epoch else None
+        lead = prompt[prompt.size - min(opts.lead_tokens, prompt.size) :].copy()
+        group = self.groups.join(key, lead) if opts.group_sharing or opts.cross_epoch else None
         sources = [-1] * self.SOURCES
         if group is not None and opts.group_sharing:
             sources[0] = group.siblings.slot

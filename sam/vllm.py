@@ -51,15 +51,26 @@ class SAMProposer:
         """Model-free: nothing to load."""
 
     def state_dict(self) -> dict:
-        """Cross-rollout memory (each prompt's history responses), for trainer checkpoints."""
+        """Cross-rollout memory (each prompt's lead tokens and history responses), for trainer checkpoints.
+
+        Call it between rollouts. vLLM reports a finished request only by its row missing from the next step, so
+        the requests of a rollout's last steps are still tracked then; they are finished first, as the next
+        rollout's first step would finish them, so that a run resumed from this state drafts what an
+        uninterrupted one does."""
+        self._finish_requests(set())
+        self.row_slots = np.full(0, -1, dtype=np.int64)
         groups = self.drafter.groups.groups
-        return {key: [r.copy() for r in g.history.responses] for key, g in groups.items() if g.history.responses}
+        return {
+            key: (g.lead.copy(), [r.copy() for r in g.history.responses])
+            for key, g in groups.items()
+            if g.history.responses
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.drafter = BatchDrafter(self.options, self.k)
         self.row_slots = np.full(0, -1, dtype=np.int64)
-        for key, responses in state.items():
-            group = self.drafter.groups.join(key)
+        for key, (lead, responses) in state.items():
+            group = self.drafter.groups.join(key, np.asarray(lead, dtype=np.int32))
             group.active = 0
             for r in responses:
                 group.history.add(np.asarray(r, dtype=np.int32))
@@ -72,8 +83,14 @@ class SAMProposer:
     def num_requests(self) -> int:
         return len(self.drafter.requests)
 
+    def _finish_requests(self, kept: set[int]) -> None:
+        """Finish every tracked request whose slot is not in ``kept`` (in the order they started)."""
+        for slot in [s for s in self.drafter.requests if s not in kept]:
+            self.drafter.finish(slot)
+
     def _identify(self, sampled_token_ids, before: np.ndarray, token_ids_cpu) -> np.ndarray:
-        """Request slot of each row (-1 for rows with no new tokens); starts and finishes requests."""
+        """Request slot of each row (-1 for rows with no new tokens); finishes the requests whose rows are gone,
+        then starts the new ones (so a new request's group already holds its finished siblings)."""
         rows = len(sampled_token_ids)
         drafter = self.drafter
         if self._claimed.shape[0] < len(drafter.pool):
@@ -87,6 +104,7 @@ class SAMProposer:
                      self._claimed, self._stamp, ok)  # fmt: skip
         slots = np.where(ok, guess, -1)
         moved = [r for r in np.flatnonzero(~ok).tolist() if len(sampled_token_ids[r])]
+        new_rows: list[tuple[int, np.ndarray]] = []
         if moved:
             claimed = set(slots[ok].tolist())
             by_key: dict[tuple[int, bytes], list[int]] = {}
@@ -100,13 +118,12 @@ class SAMProposer:
                 if candidates:
                     slots[r] = candidates.pop()
                 else:
-                    key = hashlib.blake2b(row.tobytes(), digest_size=16).digest()
-                    slots[r] = drafter.start(row, key)
+                    new_rows.append((r, row))
         live = slots[slots >= 0]
         if live.shape[0] != len(drafter.requests):  # some request's row is gone: it finished
-            kept = set(live.tolist())
-            for slot in [s for s in drafter.requests if s not in kept]:
-                drafter.finish(slot)
+            self._finish_requests(set(live.tolist()))
+        for r, row in new_rows:
+            slots[r] = drafter.start(row, hashlib.blake2b(row.tobytes(), digest_size=16).digest())
         return slots
 
     def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, *args, **kwargs) -> list[list[int]]:

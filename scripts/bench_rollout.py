@@ -6,7 +6,8 @@ prompts, each engine warmed up on other prompts first. Reports tokens/s and mean
 active requests), from the engine-step timeline. SAM modes: own text only; + group sharing (finished
 siblings); + cross-epoch (the drafter saw an earlier rollout of the same prompts, as in the next DAPO epoch);
 ``@G`` sets a mode's gate (SAM drafts only while at most G requests are active; default ``--gate``),
-``/kK`` its draft length cap K and ``/tX`` its tokens per match (defaults: configs/spec/sam.yaml).
+``/kK`` its draft length cap K, ``/tX`` its tokens per match and ``/lL`` its prompt tokens stored before each group
+response (defaults: configs/spec/sam.yaml).
 ``noop`` is vLLM's speculative path with a proposer that never drafts: the cost of the path itself.
 
     .venv/bin/python scripts/bench_rollout.py [--prompts 16 --n 8 --modes off,sam+group+epoch@256/k4/t1]
@@ -49,21 +50,23 @@ class NoDraftProposer:
 
 
 def parse_mode(name: str, default_gate: int, sam_defaults: dict) -> tuple[str, int, dict | None] | None:
-    """``base[@gate][/kK][/tX]`` -> (method, K, SAM options), or None when the name is not a known mode.
-    Every speculative mode takes ``/kK``; only SAM modes take a gate and tokens per match."""
+    """``base[@gate][/kK][/tX][/lL]`` -> (method, K, SAM options), or None when the name is not a known mode.
+    Every speculative mode takes ``/kK``; only SAM modes take a gate, tokens per match and lead tokens."""
     head, *suffixes = name.split("/")
     base_name, _, gate = head.partition("@")
     if base_name not in MODES:
         return None
     method, sam_opts = MODES[base_name]
     k = 0 if method == "off" else int(sam_defaults["ngram_k" if method == "ngram" else "num_speculative_tokens"])
-    opts = {"min_match": sam_defaults["min_match"], "tokens_per_match": sam_defaults["tokens_per_match"]}
+    opts = {key: sam_defaults[key] for key in ("min_match", "tokens_per_match", "lead_tokens")}
     try:
         for suffix in suffixes:
             if suffix[:1] == "k" and method != "off":
                 k = int(suffix[1:])
             elif suffix[:1] == "t" and method == "sam":
                 opts["tokens_per_match"] = float(suffix[1:])
+            elif suffix[:1] == "l" and method == "sam":
+                opts["lead_tokens"] = int(suffix[1:])
             else:
                 return None
         if gate and method != "sam":
@@ -104,7 +107,7 @@ def main() -> None:
     parser.add_argument(
         "--modes",
         default=",".join(MODES),
-        help="comma-separated; a SAM mode may name its gate, K and tokens per match: sam+group@32/k4/t1",
+        help="comma-separated; a SAM mode may name its gate, K, tokens per match and lead: sam+group@32/k4/t1/l3",
     )
     parser.add_argument("--repeats", type=int, default=3, help="rollouts per mode (interleaved); medians reported")
     parser.add_argument("--out", default=str(REPO_ROOT / "results" / "sam"))
@@ -124,6 +127,7 @@ def main() -> None:
         "num_speculative_tokens": sam_cfg.num_speculative_tokens,
         "min_match": sam_cfg.sam.min_match,
         "tokens_per_match": sam_cfg.sam.tokens_per_match,
+        "lead_tokens": sam_cfg.sam.lead_tokens,
         "ngram_k": OmegaConf.load(REPO_ROOT / "configs" / "spec" / "ngram.yaml").num_speculative_tokens,
     }
     engines, ks = {}, {}
@@ -131,7 +135,7 @@ def main() -> None:
         parsed = parse_mode(name, gate, sam_defaults)
         if parsed is None:
             parser.error(
-                f"--modes: unknown mode {name!r}; known: {', '.join(MODES)} (SAM modes take @<gate>/k<K>/t<tokens>)"
+                f"--modes: unknown mode {name!r}; known: {', '.join(MODES)} (SAM modes take @<gate>/k<K>/t<tokens>/l<lead>)"
             )
         method, ks[name], sam_opts = parsed
         spec = engine_spec(method, ks[name])

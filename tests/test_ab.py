@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -31,7 +32,7 @@ def test_two_proportion_test():
 def test_two_mode_ab_runs_and_writes_tables_and_plots(harness_model, tmp_path):
     data = harness_model.parent / "data"
     args = [
-        sys.executable, "-m", "recipe.ab", "--name", "t", "--modes", "off,sam",
+        sys.executable, "-m", "recipe.ab", "--name", "t", "--modes", "off,sam", "--chunk-steps", "1",
         "--runs-root", str(tmp_path / "runs"), "--out-root", str(tmp_path / "results"), "--val-n", "8",
         f"actor_rollout_ref.model.path={harness_model}", f"data.train_files={data / 'train.parquet'}",
         f"data.val_files={data / 'test.parquet'}", "trainer.total_training_steps=2",
@@ -42,6 +43,8 @@ def test_two_mode_ab_runs_and_writes_tables_and_plots(harness_model, tmp_path):
     ]  # fmt: skip
     proc = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    turns = re.findall(r"^\[ab\] (\w+): .*trainer\.total_training_steps=(\d+) ", proc.stdout, flags=re.M)
+    assert turns == [("off", "1"), ("sam", "1"), ("off", "2"), ("sam", "2")]  # modes take turns, one step each
     out = tmp_path / "results" / "t"
     readme = (out / "README.md").read_text()
     for heading in ("(a) Rollout and training speed", "(b) Time per step", "Lossless in training"):

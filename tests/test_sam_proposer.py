@@ -144,6 +144,46 @@ def test_siblings_draft_from_finished_siblings_and_history_across_rollouts():
     assert drafted > 10
 
 
+def test_a_new_request_drafts_its_siblings_opening_from_its_first_step_and_after_a_checkpoint():
+    prompt = [7, 1, 2, 3]
+    answer = list(range(10, 40))
+    opts = {"batch_threshold": 100, "min_match": 3, "group_sharing": True, "cross_epoch": True}
+    proposer = make_proposer(**opts)
+    drv = Driver(proposer, {"a": (prompt, answer)})
+    while drv.rows:
+        drv.step()
+    proposer.propose([], drv.num_tokens, drv.token_ids)  # a finished: its response is the prompt's history
+    restored = make_proposer(**opts)
+    restored.load_state_dict(proposer.state_dict())  # what a trainer checkpoint keeps
+    for p in (proposer, restored):
+        first = Driver(p, {"c": (prompt, answer)}, seed=5).step()["c"]  # one token of its own so far
+        assert len(first) >= 2 and first == answer[1 : 1 + len(first)]
+
+
+def test_a_checkpoint_between_rollouts_resumes_the_drafts_of_an_uninterrupted_run():
+    """vLLM reports a finish only through the next step's rows, so a rollout's last requests are still tracked
+    when the trainer checkpoints between rollouts; their responses must be in the checkpoint all the same."""
+    opts = {"batch_threshold": 100, "min_match": 2, "group_sharing": True, "cross_epoch": True}
+    rollout = random_requests(np.random.default_rng(3), 6, prompts=2)
+    next_epoch = {f"again_{rid}": request for rid, request in rollout.items()}  # the same prompts again
+    uninterrupted, checkpointed = make_proposer(**opts), make_proposer(**opts)
+    for proposer in (uninterrupted, checkpointed):
+        drv = Driver(proposer, rollout)
+        while drv.rows:
+            drv.step()
+    assert uninterrupted.num_requests > 0  # the last step's requests: not known to have finished yet
+    resumed = make_proposer(**opts)
+    resumed.load_state_dict(checkpointed.state_dict())
+    drafts = []
+    for proposer in (uninterrupted, checkpointed, resumed):
+        drv, steps = Driver(proposer, next_epoch, seed=7), []
+        while drv.rows:
+            steps.append(drv.step())
+        drafts.append(steps)
+    assert drafts[0] == drafts[1] == drafts[2]
+    assert sum(len(d) for step in drafts[0] for d in step.values()) > 20
+
+
 def test_sharing_switches_are_separate():
     prompt = [1, 2, 3]
     answer = list(range(10, 40))
@@ -164,6 +204,8 @@ def test_bad_options_are_named():
         make_proposer(bogus=1)
     with pytest.raises(ValueError, match="min_match"):
         make_proposer(min_match=0)
+    with pytest.raises(ValueError, match="lead_tokens"):
+        make_proposer(lead_tokens=-1)
 
 
 def test_history_is_bounded_by_max_groups_and_evicted_memory_is_freed():
