@@ -8,8 +8,8 @@ Every mode runs the same config, data and seed (``python -m recipe.dapo`` in its
 one mode loses nothing of the others, and a rerun resumes a killed mode from its checkpoint and skips
 finished ones). Modes take turns in chunks of ``--chunk-steps`` training steps, each chunk resuming the mode's
 run from its checkpoint (a resumed run logs what an uninterrupted one would), so that slow and fast spells of a
-shared machine fall on every mode alike instead of on whichever mode ran during them. Runs go to ``runs/ab/<name>/<mode>/``; tables (markdown + CSV) and PNG plots to
-``results/ab/<name>/``:
+shared machine fall on every mode alike instead of on whichever mode ran during them. Runs go to
+``runs/ab/<name>/<mode>/``; tables (markdown + CSV) and PNG plots to ``results/ab/<name>/``:
 - (a) slime's layout: rollout tokens/s, long-tail tokens/s, longest-sample tokens/s, training time per step;
 - (b) the Ascend SAM article's layout: average inference time per generation round, total rollout time per
   step, total time per step, and the gain over spec off;
