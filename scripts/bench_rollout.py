@@ -135,7 +135,8 @@ def main() -> None:
         parsed = parse_mode(name, gate, sam_defaults)
         if parsed is None:
             parser.error(
-                f"--modes: unknown mode {name!r}; known: {', '.join(MODES)} (SAM modes take @<gate>/k<K>/t<tokens>/l<lead>)"
+                f"--modes: unknown mode {name!r}; known: {', '.join(MODES)} "
+                "(SAM modes take @<gate>/k<K>/t<tokens>/l<lead>)"
             )
         method, ks[name], sam_opts = parsed
         spec = engine_spec(method, ks[name])
@@ -188,9 +189,9 @@ def main() -> None:
         "",
         f"Produced by `.venv/bin/python scripts/bench_rollout.py --prompts {args.prompts} --n {args.n} "
         f"--repeats {args.repeats} --tail {args.tail} --gate {gate} --modes {args.modes}` (temperature 1, long tail = "
-        f"at most {args.tail} active requests, SAM drafts at most {gate} active requests unless a mode says @G, K and "
-        f"tokens per match and lead from configs/spec unless a mode says /kK/tX/lL; every mode's engine alive at once, rollouts "
-        f"interleaved mode by mode, medians of {args.repeats}).",
+        f"at most {args.tail} active requests, SAM drafts at most {gate} active requests unless a mode says @G, K, "
+        "tokens per match and lead from configs/spec unless a mode says /kK/tX/lL; every mode's engine alive at once, "
+        f"rollouts interleaved mode by mode, medians of {args.repeats}).",
         "",
         "| mode | K | tokens/s | vs off | tail tokens/s | tail vs off | tokens/request-step | tail tokens/request-step | tail time share |",
         "|---|---|---|---|---|---|---|---|---|",
