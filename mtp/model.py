@@ -159,8 +159,20 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lengths: list[int]) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, lengths)
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        lengths: list[int],
+        keep: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """One block over a packed stream. With ``keep`` (position indices) only those rows come out:
+        attention still reads every position, and the position-wise rest (residual, MLP) runs only there."""
+        attended = self.self_attn(self.input_layernorm(x), cos, sin, lengths)
+        if keep is not None:
+            x, attended = x[keep], attended[keep]
+        x = x + attended
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -181,9 +193,10 @@ class MTPLayer(DecoderLayer):
         cos: torch.Tensor,
         sin: torch.Tensor,
         lengths: list[int],
+        keep: torch.Tensor | None = None,
     ) -> torch.Tensor:
         x = self.input_proj(torch.cat([self.hidden_layernorm(hidden), self.token_layernorm(next_embeds)], dim=-1))
-        return self.final_layernorm(super().forward(x, cos, sin, lengths))
+        return self.final_layernorm(super().forward(x, cos, sin, lengths, keep))
 
 
 class TrunkModel(nn.Module):
@@ -201,7 +214,7 @@ class TrunkModel(nn.Module):
 class MiMoOutput:
     logits: torch.Tensor  # [T, V]: next-token logits
     hidden: torch.Tensor  # [T, H]: last trunk hidden state before the final norm
-    mtp_logits: list[torch.Tensor]  # per MTP layer k: [T, V], position t predicts token t+1+k+1
+    mtp_logits: list[torch.Tensor]  # per MTP layer k: [T, V] (or [P, V] at mtp_positions): t predicts token t+2+k
 
 
 def packed_positions(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
@@ -245,11 +258,16 @@ class MiMoForCausalLM(nn.Module):
         cu_seqlens: torch.Tensor | None = None,
         with_mtp: bool = True,
         detach_mtp_inputs: bool = True,
+        mtp_positions: torch.Tensor | None = None,
     ) -> MiMoOutput:
         """Forward a packed stream ``input_ids`` [T] with boundaries ``cu_seqlens`` (default: one sequence).
 
         With ``detach_mtp_inputs`` (the online-MTP setting) the MTP layers read detached trunk hidden
         states and embeddings and a detached LM head, so MTP losses update only MTP parameters.
+        ``mtp_positions`` (indices into the stream) returns MTP logits only there, the positions a loss
+        trains: the last MTP layer runs its MLP and norms, and the LM head runs, on those rows alone
+        (its attention and the earlier layers, whose outputs the next layer reads everywhere, still run
+        on every position), which in RL skips the prompt tokens.
         """
         total = input_ids.shape[0]
         if cu_seqlens is None:
@@ -264,11 +282,14 @@ class MiMoForCausalLM(nn.Module):
             prev, mtp_embeds, head = hidden, embeds, self.lm_head.weight
             if detach_mtp_inputs:
                 prev, mtp_embeds, head = prev.detach(), mtp_embeds.detach(), head.detach()
+            last = len(self.model.mtp_layers) - 1
             for k, layer in enumerate(self.model.mtp_layers):
                 next_embeds = roll_packed(mtp_embeds, cu_seqlens, shift=-(k + 1))
                 next_embeds = next_embeds.masked_fill((positions == 0)[:, None], 0.0)
-                prev = layer(prev, next_embeds, cos, sin, lengths)
-                mtp_logits.append(F.linear(prev, head))
+                keep = mtp_positions if k == last else None
+                prev = layer(prev, next_embeds, cos, sin, lengths, keep)
+                rows = prev if mtp_positions is None or k == last else prev[mtp_positions]
+                mtp_logits.append(F.linear(rows, head))
         return MiMoOutput(logits=logits, hidden=hidden, mtp_logits=mtp_logits)
 
     def num_parameters(self) -> int:

@@ -13,6 +13,8 @@ shared machine fall on every mode alike instead of on whichever mode ran during 
 - (a) slime's layout: rollout tokens/s, long-tail tokens/s, longest-sample tokens/s, training time per step;
 - (b) the Ascend SAM article's layout: average inference time per generation round, total rollout time per
   step, total time per step, and the gain over spec off;
+- (c) speed at equal batch size: engine steps pooled by active requests, tokens/s per active request against
+  spec off's in the same band (the long-tail figure compares tails of different sizes);
 - lossless in training: each mode's per-step reward and response length against spec off (two-sided
   permutation test of the difference in means over steps, alpha 0.01), and the final greedy accuracy
   (two-proportion z-test);
@@ -248,6 +250,30 @@ def markdown(t: dict[str, list[dict]], runs: dict[str, list[dict]], command: str
             f"| {r['mode']} | {f(r['inference_s_per_round'], 2)} | {f(r['rollout_s_per_step'], 2)} | "
             f"{f(r['total_s_per_step'], 2)} | {gain} | {sgain} |"
         )
+    if t.get("by_active"):
+        modes = list(dict.fromkeys(r["mode"] for r in t["by_active"]))
+        bands = list(dict.fromkeys(r["active"] for r in t["by_active"]))
+        cell = {(r["mode"], r["active"]): r for r in t["by_active"]}
+        lines += [
+            "",
+            "## (c) Speed at equal batch size",
+            "",
+            "Engine steps of all rollouts pooled by how many requests were active: tokens/s per active request "
+            "over spec off's in the same band (tokens per request-step; share of the mode's rollout time). The "
+            "long tail above compares tails that hold different numbers of requests when a drafter changes which "
+            "requests are left at the end; here every band compares equal batch sizes.",
+            "",
+            "| mode | " + " | ".join(f"{b} active" for b in bands) + " |",
+            "|---|" + "---|" * len(bands),
+        ]
+        for mode in modes:
+            cells = []
+            for b in bands:
+                r = cell[(mode, b)]
+                ratio = r["request_tok_s_vs_off"]
+                head = "-" if ratio != ratio else f"{ratio:.2f}x"
+                cells.append(f"{head} ({f(r['tokens_per_request_step'], 2)}; {100 * r['time_share']:.0f}%)")
+            lines.append(f"| {mode} | " + " | ".join(cells) + " |")
     if t["lossless"]:
         lines += [
             "",
@@ -340,37 +366,59 @@ def timeline_plot(runs_dir: Path, path: Path) -> None:
     plt.close(fig)
 
 
-def with_tail_recomputed(run_dir: Path, h: list[dict], threshold: int) -> list[dict]:
-    """``h`` with its long-tail metrics recomputed from the run's saved timelines at ``threshold`` active
-    requests, so every mode's tail is the same part of the rollout whatever the run was configured with."""
+def load_timelines(run_dir: Path) -> dict[int, list]:
+    """The run's saved rollout timelines by training step (one per generation round)."""
     from collections import defaultdict
 
-    from recipe.dapo.timeline import RolloutTimeline, step_rollout_metrics
+    from recipe.dapo.timeline import RolloutTimeline
 
-    rounds: dict[int, list[dict]] = defaultdict(list)
+    rounds: dict[int, list] = defaultdict(list)
     for path in sorted((run_dir / "timelines").glob("step_*_round_*.json")):
-        rounds[int(path.name.split("_")[1])].append(RolloutTimeline.load(path).summary(threshold))
+        rounds[int(path.name.split("_")[1])].append(RolloutTimeline.load(path))
+    return dict(rounds)
+
+
+def with_tail_recomputed(h: list[dict], timelines: dict[int, list], threshold: int) -> list[dict]:
+    """``h`` with its long-tail metrics recomputed from the run's timelines at ``threshold`` active requests,
+    so every mode's tail is the same part of the rollout whatever the run was configured with."""
+    from recipe.dapo.timeline import step_rollout_metrics
+
     out = []
     for r in h:
-        if r["step"] in rounds:
-            tail = {k: v for k, v in step_rollout_metrics(rounds[r["step"]]).items() if "tail" in k}
+        if r["step"] in timelines:
+            summaries = [tl.summary(threshold) for tl in timelines[r["step"]]]
+            tail = {k: v for k, v in step_rollout_metrics(summaries).items() if "tail" in k}
             r = {**r, **tail}
         out.append(r)
     return out
 
 
+def by_active_requests(timelines: dict[str, dict[int, list]]) -> list[dict]:
+    """Table (c): every mode's engine steps pooled by active requests, with tokens/s per active request over
+    spec off's in the same band."""
+    from recipe.dapo.timeline import speed_by_active_requests
+
+    bands = {m: speed_by_active_requests(tl for step in sorted(t) for tl in t[step]) for m, t in timelines.items()}
+    off = bands.get("off")
+    rows = []
+    for mode, mode_bands in bands.items():
+        for i, band in enumerate(mode_bands):
+            vs_off = band["request_tok_s"] / off[i]["request_tok_s"] if off and off[i]["request_tok_s"] else math.nan
+            rows.append({"mode": mode, **band, "request_tok_s_vs_off": vs_off})
+    return rows
+
+
 def report(name: str, runs_root: Path, out_root: Path, command: str, val_n: int, tail_threshold: int) -> Path:
     runs_dir = runs_root / name
-    runs = {
-        m: with_tail_recomputed(runs_dir / m, history(runs_dir / m), tail_threshold)
-        for m in MODES
-        if history(runs_dir / m)
-    }
+    histories = {m: history(runs_dir / m) for m in MODES}
+    timelines = {m: load_timelines(runs_dir / m) for m, h in histories.items() if h}
+    runs = {m: with_tail_recomputed(histories[m], timelines[m], tail_threshold) for m in timelines}
     if not runs:
         raise SystemExit(f"[ab] no finished runs under {runs_dir}")
     out = out_root / name
     out.mkdir(parents=True, exist_ok=True)
     t = tables(runs, val_n)
+    t["by_active"] = by_active_requests(timelines)
     for key, rows in t.items():
         write_csv(out / f"{key}.csv", rows)
     (out / "tables.json").write_text(json.dumps(t, indent=2))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import re
 import subprocess
@@ -47,12 +48,17 @@ def test_two_mode_ab_runs_and_writes_tables_and_plots(harness_model, tmp_path):
     assert turns == [("off", "1"), ("sam", "1"), ("off", "2"), ("sam", "2")]  # modes take turns, one step each
     out = tmp_path / "results" / "t"
     readme = (out / "README.md").read_text()
-    for heading in ("(a) Rollout and training speed", "(b) Time per step", "Lossless in training"):
+    for heading in ("(a) Rollout and training speed", "(b) Time per step", "(c) Speed at equal batch size", "Lossless"):
         assert heading in readme
     assert "| sam |" in readme and "| off |" in readme
     for png in ("acceptance.png", "throughput.png", "reward_length.png", "timeline.png"):
         assert (out / png).stat().st_size > 5000, png
     assert (out / "slime.csv").read_text().count("\n") == 3  # header + two modes
+    by_active = list(csv.DictReader(open(out / "by_active.csv")))
+    assert [r["mode"] for r in by_active] == ["off"] * 6 + ["sam"] * 6
+    assert all(
+        float(r["request_tok_s_vs_off"]) == 1.0 for r in by_active if r["mode"] == "off" and r["time_share"] != "0.0"
+    )
     # the report recomputes the long tail from the saved timelines; at the trainer's threshold it matches what
     # the runs logged
     logged = [json.loads(x) for x in (tmp_path / "runs" / "t" / "sam" / "metrics.jsonl").read_text().splitlines()]

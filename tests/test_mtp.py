@@ -113,10 +113,10 @@ def test_packed_roll_equals_per_sequence_roll(shift):
         assert rolled[int(cu[j]) : int(cu[j + 1])].tolist() == ref.tolist()
 
 
-def tiny_model(tie: bool = False, seed: int = 0) -> MiMoForCausalLM:
+def tiny_model(tie: bool = False, seed: int = 0, mtp_layers: int = 1) -> MiMoForCausalLM:
     cfg = MiMoConfig(
         vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, tie_word_embeddings=tie,
+        num_key_value_heads=2, tie_word_embeddings=tie, num_nextn_predict_layers=mtp_layers,
     )  # fmt: skip
     model = MiMoForCausalLM(cfg)
     model.init_weights(seed, std=0.2)
@@ -142,6 +142,65 @@ def test_mtp_loss_packed_equals_unpacked():
         ts, ms = mtp_targets(ids[sl], m[sl], single_cu)
         total += float((F.cross_entropy(o.mtp_logits[0], ts, reduction="none") * ms).sum())
     assert float(ce.sum()) == pytest.approx(total, rel=1e-5)
+
+
+@pytest.mark.parametrize("mtp_layers", [1, 2])
+def test_mtp_logits_at_loss_positions_equal_the_full_forward_and_train_the_same(mtp_layers):
+    """``mtp_positions`` (the trainer runs the head past attention only where its loss trains) returns the
+    full forward's rows there, and a loss over them gives the full forward's MTP gradients: attention still
+    reads the prompt positions it skips."""
+    model = tiny_model(mtp_layers=mtp_layers)
+    gen = torch.Generator().manual_seed(4)
+    prompt_lens, lengths = [5, 3, 7], [12, 9, 15]
+    cu = packed(lengths)
+    ids = torch.randint(0, 40, (int(cu[-1]),), generator=gen)
+    m = torch.cat([torch.tensor([0] * p + [1] * (n - p)) for p, n in zip(prompt_lens, lengths, strict=True)])
+    t, mask = mtp_targets(ids, m, cu)
+    positions = mask.nonzero().squeeze(-1)
+    assert 0 < len(positions) < len(ids)
+
+    def mtp_grads(restrict: bool) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
+        model.zero_grad(set_to_none=True)
+        out = model(ids, cu, mtp_positions=positions if restrict else None)
+        rows = [x if restrict else x[positions] for x in out.mtp_logits]
+        sum(F.cross_entropy(x, t[positions]) for x in rows).backward()
+        named = dict(model.named_parameters())
+        return [x.detach() for x in rows], {n: named[n].grad.clone() for n in named if "mtp_layers" in n}
+
+    full_rows, full_grads = mtp_grads(restrict=False)
+    rows, restricted_grads = mtp_grads(restrict=True)
+    for full, restricted in zip(full_rows, rows, strict=True):
+        torch.testing.assert_close(restricted, full, rtol=1e-5, atol=1e-6)
+    for name, g in full_grads.items():
+        torch.testing.assert_close(restricted_grads[name], g, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_the_trainers_mtp_loss_is_the_masked_loss_of_the_full_forward():
+    """``forward_rows`` (old log-probs and the update) computes the head only at its loss positions; its loss
+    and accuracy equal the masked CE over every position of the same rows."""
+    from recipe.dapo.batch import build_batch
+    from recipe.dapo.policy import forward_rows, pack_rows
+    from recipe.dapo.rollout import Response
+    from recipe.data.loader import Problem
+
+    model = tiny_model()
+    gen = torch.Generator().manual_seed(5)
+    shapes = [(4, 9), (6, 1), (3, 14), (5, 0)]  # (prompt, response) lengths: a 1-token and an empty response
+    responses = [
+        Response(k, torch.randint(1, 40, (p,), generator=gen).tolist(), torch.randint(1, 40, (r,), generator=gen).tolist(), "", "stop")
+        for k, (p, r) in enumerate(shapes)
+    ]  # fmt: skip
+    problems = [Problem(k, "test", [], "0") for k in range(len(shapes))]
+    batch = build_batch(responses, problems, [str(k) for k in range(len(shapes))], 0, 8, 16)
+    out = forward_rows(model, batch, 1.0, with_mtp=True, grad=False)
+    rows = pack_rows(batch)
+    with torch.no_grad():
+        full = model(rows.input_ids, rows.cu_seqlens)
+    t, mask = mtp_targets(rows.input_ids, rows.response_mask, rows.cu_seqlens)
+    loss, acc = masked_ce(full.mtp_logits[0], t, mask)
+    assert int(mask.sum()) == 8 + 13
+    assert float(out.mtp_loss) == pytest.approx(float(loss), rel=1e-5)
+    assert float(out.mtp_acc) == pytest.approx(float(acc), abs=1e-6)
 
 
 def grads(model: MiMoForCausalLM) -> dict[str, torch.Tensor | None]:

@@ -98,8 +98,16 @@ def forward_rows(model: MiMoForCausalLM, batch, temperature: float, with_mtp: bo
     """Response-token log-probs (and the online MTP loss on the same forward, inputs detached)."""
     rows = pack_rows(batch)
     width = batch.batch["responses"].shape[1]
+    mtp_positions = mtp_target_ids = None
+    if with_mtp:
+        # the MTP head runs past attention only where its loss trains (not on prompt tokens)
+        targets, mask = mtp_targets(rows.input_ids, rows.response_mask, rows.cu_seqlens, depth=0)
+        mtp_positions = mask.nonzero().squeeze(-1)
+        mtp_target_ids = targets[mtp_positions]
     with torch.set_grad_enabled(grad):
-        out = model(rows.input_ids, rows.cu_seqlens, with_mtp=with_mtp, detach_mtp_inputs=True)
+        out = model(
+            rows.input_ids, rows.cu_seqlens, with_mtp=with_mtp, detach_mtp_inputs=True, mtp_positions=mtp_positions
+        )
         logits = out.logits.float() / temperature
         logp_all = F.log_softmax(logits, dim=-1)
         targets = roll_packed(rows.input_ids, rows.cu_seqlens, -1)
@@ -107,8 +115,7 @@ def forward_rows(model: MiMoForCausalLM, batch, temperature: float, with_mtp: bo
         entropy = -(logp_all.exp() * logp_all).sum(-1)
         mtp_loss = mtp_acc = None
         if with_mtp:
-            t, m = mtp_targets(rows.input_ids, rows.response_mask, rows.cu_seqlens, depth=0)
-            mtp_loss, mtp_acc = masked_ce(out.mtp_logits[0], t, m)
+            mtp_loss, mtp_acc = masked_ce(out.mtp_logits[0], mtp_target_ids, torch.ones_like(mtp_target_ids))
     return ForwardOut(
         unpack_to_responses(token_logp, rows, width),
         unpack_to_responses(entropy.detach(), rows, width),

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -119,6 +120,47 @@ class RolloutTimeline:
             steps=[StepRecord(**s) for s in d["steps"]],
             finishes={k: (int(v[0]), float(v[1])) for k, v in d["finishes"].items()},
         )
+
+
+# bands of active requests for speed_by_active_requests: a lone straggler, the long tail, mid-size and full batches
+ACTIVE_BANDS: tuple[tuple[int, int], ...] = ((1, 1), (2, 4), (5, 8), (9, 16), (17, 48), (49, 1 << 30))
+
+
+def band_label(lo: int, hi: int) -> str:
+    return str(lo) if lo == hi else (f"{lo}+" if hi >= 1 << 30 else f"{lo}-{hi}")
+
+
+def speed_by_active_requests(
+    timelines: Iterable[RolloutTimeline], bands: tuple[tuple[int, int], ...] = ACTIVE_BANDS
+) -> list[dict[str, float | str]]:
+    """Engine steps pooled by how many requests were active: each band's share of the rollout time, its
+    tokens/s, tokens/s per active request and tokens per request-step. Two modes compared band by band are
+    compared at equal batch size, which the long-tail tokens/s is not when a drafter changes how many
+    requests are left at the end (and which ones)."""
+    sums = np.zeros((len(bands), 4))  # seconds, tokens, request-seconds, request-steps
+    for tl in timelines:
+        if not tl.steps:
+            continue
+        a = tl.arrays()
+        for i, (lo, hi) in enumerate(bands):
+            sel = (a["active"] >= lo) & (a["active"] <= hi)
+            d = a["duration_s"][sel]
+            sums[i] += (d.sum(), a["tokens"][sel].sum(), (a["active"][sel] * d).sum(), a["stepped"][sel].sum())
+    total = sums[:, 0].sum()
+
+    def ratio(x: float, y: float) -> float:
+        return float(x / y) if y else float("nan")
+
+    return [
+        {
+            "active": band_label(lo, hi),
+            "time_share": ratio(seconds, total),
+            "tok_s": ratio(tokens, seconds),
+            "request_tok_s": ratio(tokens, request_s),
+            "tokens_per_request_step": ratio(tokens, request_steps),
+        }
+        for (lo, hi), (seconds, tokens, request_s, request_steps) in zip(bands, sums, strict=True)
+    ]
 
 
 def step_rollout_metrics(rounds: list[dict[str, float]]) -> dict[str, float]:
