@@ -205,8 +205,8 @@ def markdown(t: dict[str, list[dict]], runs: dict[str, list[dict]], command: str
         "# Seeded A/B: speculative rollout modes in DAPO training",
         "",
         f"Produced by `{command}` ({steps} steps per mode, same config, data and seed; means over steps). "
-        f"Long tail: engine steps with at most {tail_threshold} active requests, recomputed for every mode from "
-        "its saved rollout timelines.",
+        f"Long tail: engine steps with at most {tail_threshold} active requests. Rollout metrics are recomputed for "
+        "every mode from its saved rollout timelines, pooled over each step's generation rounds.",
         "",
         "## (a) Rollout and training speed (slime's layout)",
         "",
@@ -378,17 +378,17 @@ def load_timelines(run_dir: Path) -> dict[int, list]:
     return dict(rounds)
 
 
-def with_tail_recomputed(h: list[dict], timelines: dict[int, list], threshold: int) -> list[dict]:
-    """``h`` with its long-tail metrics recomputed from the run's timelines at ``threshold`` active requests,
-    so every mode's tail is the same part of the rollout whatever the run was configured with."""
+def with_rollout_metrics_recomputed(h: list[dict], timelines: dict[int, list], threshold: int) -> list[dict]:
+    """``h`` with its ``rollout/*`` metrics recomputed from the run's timelines at ``threshold`` active requests,
+    so every mode's tail is the same part of the rollout whatever the run was configured with, and every run
+    is read with the same definitions whichever version of the recipe logged it."""
     from recipe.dapo.timeline import step_rollout_metrics
 
     out = []
     for r in h:
         if r["step"] in timelines:
             summaries = [tl.summary(threshold) for tl in timelines[r["step"]]]
-            tail = {k: v for k, v in step_rollout_metrics(summaries).items() if "tail" in k}
-            r = {**r, **tail}
+            r = {k: v for k, v in r.items() if not k.startswith("rollout/")} | step_rollout_metrics(summaries)
         out.append(r)
     return out
 
@@ -412,7 +412,7 @@ def report(name: str, runs_root: Path, out_root: Path, command: str, val_n: int,
     runs_dir = runs_root / name
     histories = {m: history(runs_dir / m) for m in MODES}
     timelines = {m: load_timelines(runs_dir / m) for m, h in histories.items() if h}
-    runs = {m: with_tail_recomputed(histories[m], timelines[m], tail_threshold) for m in timelines}
+    runs = {m: with_rollout_metrics_recomputed(histories[m], timelines[m], tail_threshold) for m in timelines}
     if not runs:
         raise SystemExit(f"[ab] no finished runs under {runs_dir}")
     out = out_root / name

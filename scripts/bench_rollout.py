@@ -160,7 +160,7 @@ def main() -> None:
     for name, summaries in runs.items():
 
         def median(key: str, summaries=summaries) -> float:
-            return float(np.median([s[key] for s in summaries]))
+            return float(np.nanmedian([s[key] for s in summaries]))  # NaN: a rollout without a tail
 
         rows.append(
             {

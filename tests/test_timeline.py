@@ -55,3 +55,37 @@ def test_speed_by_active_requests_compares_equal_batch_sizes():
     assert bands["17-48"]["time_share"] == pytest.approx(0.01 / 0.023)
     assert bands["5-8"]["time_share"] == 0 and bands["5-8"]["tok_s"] != bands["5-8"]["tok_s"]  # empty: NaN
     assert sum(r["time_share"] for r in bands.values()) == pytest.approx(1.0)
+
+
+def drafting_timeline(steps: list[tuple[float, int, int, int, int, int]]) -> RolloutTimeline:
+    """Steps of (duration s, active, stepped, tokens, drafts, accepted tokens), 3 draft tokens per draft."""
+    tl = RolloutTimeline(num_requests=steps[0][1])
+    t, total = 0.0, [0, 0, 0]
+    for duration, active, stepped, tokens, drafts, accepted in steps:
+        total = [total[0] + drafts, total[1] + 3 * drafts, total[2] + accepted]
+        tl.step(t, duration, active, stepped, tokens, SpecCounters(*total))
+        t += duration
+    return tl
+
+
+def test_step_metrics_pool_counts_over_rounds_and_leave_out_a_missing_tail():
+    # round 1 ends with 12 requests finishing in one step: no step at or below 8 active, no tail
+    no_tail = drafting_timeline([(0.01, 20, 20, 60, 20, 40), (0.01, 12, 12, 24, 12, 12)]).summary(8)
+    assert no_tail["tail_time_share"] == 0
+    assert all(no_tail[k] != no_tail[k] for k in ("tail_throughput_tok_s", "tail_tokens_per_request_step"))  # NaN
+    # round 2: a short round with a tail of 2 requests
+    with_tail = drafting_timeline([(0.004, 9, 9, 18, 9, 9), (0.002, 2, 2, 8, 2, 6)]).summary(8)
+    m = step_rollout_metrics([no_tail, with_tail])
+    # pooled over the step's request-steps and drafts, not a mean of the rounds' ratios
+    assert m["rollout/tokens_per_request_step"] == pytest.approx((60 + 24 + 18 + 8) / (20 + 12 + 9 + 2))
+    assert m["rollout/spec_accept_length"] == pytest.approx(1 + (40 + 12 + 9 + 6) / (20 + 12 + 9 + 2))
+    assert m["rollout/spec_draft_acceptance_rate"] == pytest.approx((40 + 12 + 9 + 6) / (3 * 43))
+    # the tail is round 2's alone; round 1 adds no zero to it
+    assert m["rollout/tail_throughput_tok_s"] == pytest.approx(8 / 0.002)
+    assert m["rollout/tail_tokens_per_request_step"] == pytest.approx(4.0)
+    assert m["rollout/tail_spec_accept_length"] == pytest.approx(1 + 6 / 2)
+    assert m["rollout/tail_time_share"] == pytest.approx(0.002 / 0.026)
+    # a step with no tail in any round logs no tail ratios (a mean over steps skips it), only the zero share
+    alone = step_rollout_metrics([no_tail])
+    assert alone["rollout/tail_time_share"] == 0
+    assert not [k for k in alone if "tail" in k and "share" not in k]

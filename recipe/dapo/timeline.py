@@ -62,45 +62,34 @@ class RolloutTimeline:
         return {k: np.array([getattr(s, k) for s in self.steps], dtype=float) for k in keys}
 
     def summary(self, tail_threshold: int) -> dict[str, float]:
-        """Throughput overall and in the long tail, acceptance, time share of the tail."""
+        """Throughput overall and in the long tail, acceptance, time share of the tail, and the counts that
+        ``step_rollout_metrics`` pools over a step's rounds. A rollout without tail steps (its last step
+        finished more than ``tail_threshold`` requests at once) has NaN tail ratios, not zeros."""
         if not self.steps:
             return {}
         a = self.arrays()
-        total_time = float(a["duration_s"].sum())
-        tokens = float(a["tokens"].sum())
         tail = a["active"] <= tail_threshold
-        tail_time = float(a["duration_s"][tail].sum())
-        tail_tokens = float(a["tokens"][tail].sum())
-        tail_request_time = float((a["active"][tail] * a["duration_s"][tail]).sum())
         lengths = np.array([length for length, _ in self.finishes.values()]) if self.finishes else np.zeros(1)
-
-        def accept_len(mask: np.ndarray) -> float:
-            stepped = a["stepped"][mask].sum()
-            return float(a["tokens"][mask].sum() / stepped) if stepped else 0.0
-
-        return {
+        total_time = float(a["duration_s"].sum())
+        c = {
             "rollout_time_s": total_time,
-            "tokens": tokens,
-            "throughput_tok_s": tokens / total_time if total_time else 0.0,
-            "tail_throughput_tok_s": tail_tokens / tail_time if tail_time else 0.0,
-            # a tail request's own decode speed: the tail's tokens/s divided by the requests it is spread over,
-            # which differs between modes when a drafter changes which requests are left at the end
-            "tail_request_tok_s": tail_tokens / tail_request_time if tail_request_time else 0.0,
-            "tail_request_time_s": tail_request_time,
-            "tail_time_share": tail_time / total_time if total_time else 0.0,
-            "tail_tokens_share": tail_tokens / tokens if tokens else 0.0,
-            "longest_sample_tok_s": float(lengths.max()) / total_time if total_time else 0.0,
-            "tokens_per_request_step": accept_len(np.ones_like(tail)),
-            "tail_tokens_per_request_step": accept_len(tail),
+            "tokens": float(a["tokens"].sum()),
+            "request_steps": float(a["stepped"].sum()),
+            "drafts": float(a["drafts"].sum()),
+            "draft_tokens": float(a["draft_tokens"].sum()),
+            "accepted_tokens": float(a["accepted_tokens"].sum()),
+            "tail_time_s": float(a["duration_s"][tail].sum()),
+            "tail_tokens": float(a["tokens"][tail].sum()),
+            # request-seconds of the tail: a tail request's own decode speed is the tail's tokens over these,
+            # which differs from the tail's tokens/s when a drafter changes which requests are left at the end
+            "tail_request_time_s": float((a["active"][tail] * a["duration_s"][tail]).sum()),
+            "tail_request_steps": float(a["stepped"][tail].sum()),
+            "tail_drafts": float(a["drafts"][tail].sum()),
+            "tail_accepted_tokens": float(a["accepted_tokens"][tail].sum()),
             "engine_steps": float(len(self.steps)),
-            "spec_accept_length": 1.0 + a["accepted_tokens"].sum() / a["drafts"].sum() if a["drafts"].sum() else 1.0,
-            "tail_spec_accept_length": (
-                1.0 + a["accepted_tokens"][tail].sum() / a["drafts"][tail].sum() if a["drafts"][tail].sum() else 1.0
-            ),
-            "spec_draft_acceptance_rate": a["accepted_tokens"].sum() / a["draft_tokens"].sum()
-            if a["draft_tokens"].sum()
-            else 0.0,
         }
+        longest = float(lengths.max()) / total_time if total_time else 0.0
+        return {**c, **rollout_ratios(c), "longest_sample_tok_s": longest}
 
     def to_json(self) -> dict:
         return {
@@ -163,27 +152,41 @@ def speed_by_active_requests(
     ]
 
 
-def step_rollout_metrics(rounds: list[dict[str, float]]) -> dict[str, float]:
-    """``rollout/*`` metrics of one training step from the timeline summaries of its generation rounds:
-    throughputs over the step's total (tail) time, acceptance averaged over rounds."""
-    tokens = sum(r["tokens"] for r in rounds)
-    time_s = sum(r["rollout_time_s"] for r in rounds)
-    tail_time = sum(r["rollout_time_s"] * r["tail_time_share"] for r in rounds)
-    tail_tokens = sum(r["tokens"] * r["tail_tokens_share"] for r in rounds)
-    tail_request_time = sum(r["tail_request_time_s"] for r in rounds)
+def rollout_ratios(c: dict[str, float]) -> dict[str, float]:
+    """Throughputs, acceptance and tail shares from the counts of ``RolloutTimeline.summary`` (of one round,
+    or summed over a step's rounds); NaN tail ratios when there was no tail."""
+    nan = float("nan")
 
-    def mean(key: str) -> float:
-        return float(np.mean([r[key] for r in rounds]))
+    def per(x: float, y: float, empty: float = nan) -> float:
+        return x / y if y else empty
 
+    tail = c["tail_time_s"] > 0
     return {
-        "rollout/throughput_tok_s": tokens / time_s if time_s else 0.0,
-        "rollout/tail_throughput_tok_s": tail_tokens / tail_time if tail_time else 0.0,
-        "rollout/tail_request_tok_s": tail_tokens / tail_request_time if tail_request_time else 0.0,
-        "rollout/tail_time_share": tail_time / time_s if time_s else 0.0,
-        "rollout/longest_sample_tok_s": mean("longest_sample_tok_s"),
-        "rollout/tokens_per_request_step": mean("tokens_per_request_step"),
-        "rollout/tail_tokens_per_request_step": mean("tail_tokens_per_request_step"),
-        "rollout/spec_accept_length": mean("spec_accept_length"),
-        "rollout/tail_spec_accept_length": mean("tail_spec_accept_length"),
-        "rollout/spec_draft_acceptance_rate": mean("spec_draft_acceptance_rate"),
+        "throughput_tok_s": per(c["tokens"], c["rollout_time_s"], 0.0),
+        "tail_throughput_tok_s": per(c["tail_tokens"], c["tail_time_s"]),
+        "tail_request_tok_s": per(c["tail_tokens"], c["tail_request_time_s"]),
+        "tail_time_share": per(c["tail_time_s"], c["rollout_time_s"], 0.0),
+        "tail_tokens_share": per(c["tail_tokens"], c["tokens"], 0.0),
+        "tokens_per_request_step": per(c["tokens"], c["request_steps"], 0.0),
+        "tail_tokens_per_request_step": per(c["tail_tokens"], c["tail_request_steps"]),
+        "spec_accept_length": 1.0 + per(c["accepted_tokens"], c["drafts"], 0.0),
+        "tail_spec_accept_length": 1.0 + per(c["tail_accepted_tokens"], c["tail_drafts"], 0.0) if tail else nan,
+        "spec_draft_acceptance_rate": per(c["accepted_tokens"], c["draft_tokens"], 0.0),
     }
+
+
+COUNT_KEYS = (
+    "rollout_time_s", "tokens", "request_steps", "drafts", "draft_tokens", "accepted_tokens", "tail_time_s",
+    "tail_tokens", "tail_request_time_s", "tail_request_steps", "tail_drafts", "tail_accepted_tokens",
+)  # fmt: skip
+
+
+def step_rollout_metrics(rounds: list[dict[str, float]]) -> dict[str, float]:
+    """``rollout/*`` metrics of one training step from the timeline summaries of its generation rounds,
+    pooled: every ratio is over the step's summed counts (tokens/s over its total time, acceptance over all
+    its drafts), so a short round weighs what it holds. Without a tail in any round the ``tail`` ratios are
+    left out rather than logged as zeros that would drag a mean over steps down; the longest-sample figure
+    is the mean of the rounds' (each round has its own longest sample)."""
+    ratios = rollout_ratios({k: sum(r[k] for r in rounds) for k in COUNT_KEYS})
+    ratios["longest_sample_tok_s"] = float(np.mean([r["longest_sample_tok_s"] for r in rounds]))
+    return {f"rollout/{k}": v for k, v in ratios.items() if v == v}
