@@ -396,14 +396,14 @@ def with_rollout_metrics_recomputed(h: list[dict], timelines: dict[int, list], t
 def by_active_requests(timelines: dict[str, dict[int, list]]) -> list[dict]:
     """Table (c): every mode's engine steps pooled by active requests, with tokens/s per active request over
     spec off's in the same band."""
-    from recipe.dapo.timeline import speed_by_active_requests
+    from recipe.dapo.timeline import ratio, speed_by_active_requests
 
     bands = {m: speed_by_active_requests(tl for step in sorted(t) for tl in t[step]) for m, t in timelines.items()}
     off = bands.get("off")
     rows = []
     for mode, mode_bands in bands.items():
         for i, band in enumerate(mode_bands):
-            vs_off = band["request_tok_s"] / off[i]["request_tok_s"] if off and off[i]["request_tok_s"] else math.nan
+            vs_off = ratio(band["request_tok_s"], off[i]["request_tok_s"]) if off else math.nan
             rows.append({"mode": mode, **band, "request_tok_s_vs_off": vs_off})
     return rows
 

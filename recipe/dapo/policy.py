@@ -101,9 +101,9 @@ def forward_rows(model: MiMoForCausalLM, batch, temperature: float, with_mtp: bo
     mtp_positions = mtp_target_ids = None
     if with_mtp:
         # the MTP head runs past attention only where its loss trains (not on prompt tokens)
-        targets, mask = mtp_targets(rows.input_ids, rows.response_mask, rows.cu_seqlens, depth=0)
-        mtp_positions = mask.nonzero().squeeze(-1)
-        mtp_target_ids = targets[mtp_positions]
+        every_target, trained = mtp_targets(rows.input_ids, rows.response_mask, rows.cu_seqlens, depth=0)
+        mtp_positions = trained.nonzero().squeeze(-1)
+        mtp_target_ids = every_target[mtp_positions]
     with torch.set_grad_enabled(grad):
         out = model(
             rows.input_ids, rows.cu_seqlens, with_mtp=with_mtp, detach_mtp_inputs=True, mtp_positions=mtp_positions

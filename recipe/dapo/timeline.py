@@ -88,8 +88,7 @@ class RolloutTimeline:
             "tail_accepted_tokens": float(a["accepted_tokens"][tail].sum()),
             "engine_steps": float(len(self.steps)),
         }
-        longest = float(lengths.max()) / total_time if total_time else 0.0
-        return {**c, **rollout_ratios(c), "longest_sample_tok_s": longest}
+        return {**c, **rollout_ratios(c), "longest_sample_tok_s": ratio(float(lengths.max()), total_time, 0.0)}
 
     def to_json(self) -> dict:
         return {
@@ -109,6 +108,14 @@ class RolloutTimeline:
             steps=[StepRecord(**s) for s in d["steps"]],
             finishes={k: (int(v[0]), float(v[1])) for k, v in d["finishes"].items()},
         )
+
+
+NAN = float("nan")
+
+
+def ratio(x: float, y: float, empty: float = NAN) -> float:
+    """``x / y``, or ``empty`` (NaN unless given) when there is nothing to divide by."""
+    return float(x / y) if y else empty
 
 
 # bands of active requests for speed_by_active_requests: a lone straggler, the long tail, mid-size and full batches
@@ -136,10 +143,6 @@ def speed_by_active_requests(
             d = a["duration_s"][sel]
             sums[i] += (d.sum(), a["tokens"][sel].sum(), (a["active"][sel] * d).sum(), a["stepped"][sel].sum())
     total = sums[:, 0].sum()
-
-    def ratio(x: float, y: float) -> float:
-        return float(x / y) if y else float("nan")
-
     return [
         {
             "active": band_label(lo, hi),
@@ -155,23 +158,18 @@ def speed_by_active_requests(
 def rollout_ratios(c: dict[str, float]) -> dict[str, float]:
     """Throughputs, acceptance and tail shares from the counts of ``RolloutTimeline.summary`` (of one round,
     or summed over a step's rounds); NaN tail ratios when there was no tail."""
-    nan = float("nan")
-
-    def per(x: float, y: float, empty: float = nan) -> float:
-        return x / y if y else empty
-
     tail = c["tail_time_s"] > 0
     return {
-        "throughput_tok_s": per(c["tokens"], c["rollout_time_s"], 0.0),
-        "tail_throughput_tok_s": per(c["tail_tokens"], c["tail_time_s"]),
-        "tail_request_tok_s": per(c["tail_tokens"], c["tail_request_time_s"]),
-        "tail_time_share": per(c["tail_time_s"], c["rollout_time_s"], 0.0),
-        "tail_tokens_share": per(c["tail_tokens"], c["tokens"], 0.0),
-        "tokens_per_request_step": per(c["tokens"], c["request_steps"], 0.0),
-        "tail_tokens_per_request_step": per(c["tail_tokens"], c["tail_request_steps"]),
-        "spec_accept_length": 1.0 + per(c["accepted_tokens"], c["drafts"], 0.0),
-        "tail_spec_accept_length": 1.0 + per(c["tail_accepted_tokens"], c["tail_drafts"], 0.0) if tail else nan,
-        "spec_draft_acceptance_rate": per(c["accepted_tokens"], c["draft_tokens"], 0.0),
+        "throughput_tok_s": ratio(c["tokens"], c["rollout_time_s"], 0.0),
+        "tail_throughput_tok_s": ratio(c["tail_tokens"], c["tail_time_s"]),
+        "tail_request_tok_s": ratio(c["tail_tokens"], c["tail_request_time_s"]),
+        "tail_time_share": ratio(c["tail_time_s"], c["rollout_time_s"], 0.0),
+        "tail_tokens_share": ratio(c["tail_tokens"], c["tokens"], 0.0),
+        "tokens_per_request_step": ratio(c["tokens"], c["request_steps"], 0.0),
+        "tail_tokens_per_request_step": ratio(c["tail_tokens"], c["tail_request_steps"]),
+        "spec_accept_length": 1.0 + ratio(c["accepted_tokens"], c["drafts"], 0.0),
+        "tail_spec_accept_length": 1.0 + ratio(c["tail_accepted_tokens"], c["tail_drafts"], 0.0) if tail else NAN,
+        "spec_draft_acceptance_rate": ratio(c["accepted_tokens"], c["draft_tokens"], 0.0),
     }
 
 
