@@ -18,6 +18,7 @@ shared machine fall on every mode alike instead of on whichever mode ran during 
 - lossless in training: each mode's per-step reward and response length against spec off (two-sided
   permutation test of the difference in means over steps, alpha 0.01), and the final greedy accuracy
   (two-proportion z-test);
+- means by quarter of the run: rollout tokens/s, acceptance length, the MTP head's top-1 and loss, reward;
 - plots: acceptance length, rollout throughput, reward and response length per step, and one rollout's
   timeline (active requests and tokens/s over time) for spec off against SAM.
 """
@@ -184,7 +185,33 @@ def tables(runs: dict[str, list[dict]], val_n: int) -> dict[str, list[dict]]:
                     "acc_p": two_proportion_p(final, final_off, val_n),
                 }
             )
-    return {"slime": slime, "ascend": ascend, "lossless": lossless}
+    return {"slime": slime, "ascend": ascend, "lossless": lossless, "quarters": by_quarter(runs)}
+
+
+# per-quarter means in the report: (metric, label, decimals); a mode without the metric has no row
+QUARTER_METRICS = (
+    ("rollout/throughput_tok_s", "rollout tok/s", 0),
+    ("rollout/spec_accept_length", "acceptance length", 2),
+    ("mtp/head_acc", "MTP head top-1", 3),
+    ("mtp/head_loss", "MTP head loss", 3),
+    ("train/gen_score_mean", "reward (all generated)", 3),
+)
+
+
+def by_quarter(runs: dict[str, list[dict]]) -> list[dict]:
+    """Each mode's metrics averaged over quarters of the training steps (steps (i-1)*S/4 < step <= i*S/4): how
+    throughput, acceptance and the MTP head move over the run, and which quarter a slow spell fell in."""
+    rows = []
+    for mode, h in runs.items():
+        for key, _, _ in QUARTER_METRICS:
+            steps, values = series([r for r in h if r["step"] > 0], key)
+            if not len(values):
+                continue
+            edges = np.linspace(0, steps.max(), 5)
+            quarter = [values[(steps > lo) & (steps <= hi)] for lo, hi in zip(edges[:-1], edges[1:], strict=True)]
+            rows.append({"mode": mode, "metric": key, **{f"q{i + 1}": float(q.mean()) if len(q) else math.nan
+                                                        for i, q in enumerate(quarter)}})  # fmt: skip
+    return rows
 
 
 def write_csv(path: Path, rows: list[dict]) -> None:
@@ -294,6 +321,20 @@ def markdown(t: dict[str, list[dict]], runs: dict[str, list[dict]], command: str
                 f"{f(r['final_greedy_acc'], 3)} ({f(r['final_greedy_acc_off'], 3)}) | {f(r['acc_p'], 3)} | "
                 f"{'yes' if ok else 'NO'} |"
             )
+    if t.get("quarters"):
+        labels = {key: (label, nd) for key, label, nd in QUARTER_METRICS}
+        lines += [
+            "",
+            "## By quarter of the run",
+            "",
+            "Means over each quarter of the training steps.",
+            "",
+            "| mode | metric | Q1 | Q2 | Q3 | Q4 |",
+            "|---|---|---|---|---|---|",
+        ]
+        for r in t["quarters"]:
+            label, nd = labels[r["metric"]]
+            lines.append(f"| {r['mode']} | {label} | " + " | ".join(f(r[f"q{i}"], nd) for i in range(1, 5)) + " |")
     lines += ["", "![acceptance](acceptance.png)", "", "![throughput](throughput.png)", ""]
     lines += ["![reward and length](reward_length.png)", "", "![timeline](timeline.png)", ""]
     return "\n".join(lines)

@@ -48,12 +48,21 @@ def test_two_mode_ab_runs_and_writes_tables_and_plots(harness_model, tmp_path):
     assert turns == [("off", "1"), ("sam", "1"), ("off", "2"), ("sam", "2")]  # modes take turns, one step each
     out = tmp_path / "results" / "t"
     readme = (out / "README.md").read_text()
-    for heading in ("(a) Rollout and training speed", "(b) Time per step", "(c) Speed at equal batch size", "Lossless"):
+    headings = ("(a) Rollout and training speed", "(b) Time per step", "(c) Speed at equal batch size", "Lossless")
+    for heading in (*headings, "By quarter of the run"):
         assert heading in readme
     assert "| sam |" in readme and "| off |" in readme
     for png in ("acceptance.png", "throughput.png", "reward_length.png", "timeline.png"):
         assert (out / png).stat().st_size > 5000, png
     assert (out / "slime.csv").read_text().count("\n") == 3  # header + two modes
+    quarters = list(csv.DictReader(open(out / "quarters.csv")))
+    assert {(r["mode"], r["metric"]) for r in quarters} >= {
+        ("sam", "rollout/spec_accept_length"),
+        ("off", "train/gen_score_mean"),
+    }
+    # two steps: the first falls in quarter 2 (0.5 < step <= 1.0), the second in quarter 4; quarters 1 and 3 are empty
+    off_reward = next(r for r in quarters if r["mode"] == "off" and r["metric"] == "train/gen_score_mean")
+    assert off_reward["q1"] == "nan" and off_reward["q3"] == "nan" and off_reward["q2"] != "nan"
     by_active = list(csv.DictReader(open(out / "by_active.csv")))
     assert [r["mode"] for r in by_active] == ["off"] * 6 + ["sam"] * 6
     assert all(
