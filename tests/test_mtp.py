@@ -3,6 +3,9 @@ and the engine's drafter receiving the trained head."""
 
 from __future__ import annotations
 
+import copy
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -257,6 +260,63 @@ def test_without_detach_the_mtp_loss_does_reach_the_trunk():
     assert model.model.embed_tokens.weight.grad.abs().sum() > 0
     assert model.lm_head.weight.grad.abs().sum() > 0
     assert model.model.layers[0].self_attn.q_proj.weight.grad.abs().sum() > 0
+
+
+def dapo_actor(model: MiMoForCausalLM, train: str, *overrides: str):
+    """The trainer's Actor with the default DAPO config and ``spec=mtp spec.mtp.train=train``."""
+    from hydra import compose, initialize_config_dir
+
+    from recipe.dapo.policy import Actor
+
+    configs = str(Path(__file__).resolve().parents[1] / "configs")
+    with initialize_config_dir(config_dir=configs, version_base=None):
+        cfg = compose(config_name="dapo", overrides=["spec=mtp", f"spec.mtp.train={train}", *overrides])
+    return Actor(model, cfg)
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_online_mtp_leaves_the_policys_update_exactly_as_a_frozen_head_does(tie):
+    """Two DAPO optimizer steps with gradient clipping active: the online head trains, and the policy's
+    parameters end bit for bit where the frozen run leaves them (fails if the MTP gradient shares the
+    policy's clipping norm, or if any MTP gradient reaches the trunk, embedding or LM head)."""
+    from recipe.dapo.batch import build_batch
+    from recipe.dapo.rollout import Response
+    from recipe.data.loader import Problem
+
+    gen = torch.Generator().manual_seed(11)
+    shapes = [(5, 12), (5, 9), (4, 15), (4, 1)]  # (prompt, response) lengths; two groups of two
+    responses = [
+        Response(k // 2, torch.randint(1, 40, (p,), generator=gen).tolist(), torch.randint(1, 40, (r,), generator=gen).tolist(), "", "stop")
+        for k, (p, r) in enumerate(shapes)
+    ]  # fmt: skip
+    problems = [Problem(k, "test", [], "0") for k in range(2)]
+    batch = build_batch(responses, problems, ["0", "1"], 0, 8, 16)
+    mask = batch.batch["response_mask"]
+    rewards = torch.zeros(mask.shape)
+    rewards[torch.arange(4), mask.sum(-1) - 1] = torch.tensor([1.0, -1.0, -1.0, 1.0])
+    batch.batch["token_level_rewards"] = rewards
+    overrides = [
+        "actor_rollout_ref.rollout.n=2", "data.train_batch_size=2", "actor_rollout_ref.actor.ppo_mini_batch_size=1",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "actor_rollout_ref.actor.grad_clip=0.01",
+    ]  # fmt: skip
+    base = tiny_model(tie)
+    after, metrics = {}, {}
+    for train in ("frozen", "online"):
+        actor = dapo_actor(copy.deepcopy(base), train, *overrides)
+        metrics[train] = actor.update(copy.deepcopy(batch), {})
+        after[train] = actor.policy.state_dict()
+    before = base.state_dict()
+    for name, value in before.items():
+        if name.startswith("model.mtp_layers."):
+            assert torch.equal(after["frozen"][name], value), name
+            assert not torch.equal(after["online"][name], value), name
+        else:
+            assert not torch.equal(after["frozen"][name], value), name  # the policy trained
+            assert torch.equal(after["online"][name], after["frozen"][name]), name
+    assert (
+        metrics["online"]["actor/grad_norm"] > 0.01 and metrics["online"]["mtp/grad_norm"] > 0.01
+    )  # both were clipped
+    assert metrics["online"]["actor/grad_norm"] == metrics["frozen"]["actor/grad_norm"]
 
 
 @pytest.mark.parametrize("cp", [1, 2, 4])

@@ -139,12 +139,16 @@ class Actor:
         self.policy = policy.train()
         if next(policy.parameters()).device.type == "cpu":
             keep_freed_memory_on_cpu()
-        for p in self.policy.model.mtp_layers.parameters():
+        self.mtp_params = list(self.policy.model.mtp_layers.parameters())
+        for p in self.mtp_params:
             p.requires_grad_(self.mtp_online)
+        head = {id(p) for p in self.mtp_params}
+        # the policy's parameters (trunk, embedding, LM head) and the MTP head's are clipped apart: under one
+        # global norm the MTP loss would scale the policy's step whenever clipping is active (most steps)
+        self.policy_params = [p for p in self.policy.parameters() if p.requires_grad and id(p) not in head]
         actor = cfg.actor_rollout_ref.actor
-        self.trainable = [p for p in self.policy.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
-            self.trainable,
+            self.policy_params + (self.mtp_params if self.mtp_online else []),
             lr=actor.optim.lr,
             betas=tuple(actor.optim.betas),
             weight_decay=actor.optim.weight_decay,
@@ -229,8 +233,11 @@ class Actor:
                         )
                         for k, v in pg_metrics.items():
                             sums.setdefault(k, []).append(float(v))
-                    grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable, actor.grad_clip)
+                    grad_norm = torch.nn.utils.clip_grad_norm_(self.policy_params, actor.grad_clip)
                     sums.setdefault("actor/grad_norm", []).append(float(grad_norm))
+                    if self.mtp_online:
+                        mtp_norm = torch.nn.utils.clip_grad_norm_(self.mtp_params, actor.grad_clip)
+                        sums.setdefault("mtp/grad_norm", []).append(float(mtp_norm))
                     self.optimizer.step()
         metrics = {k: float(np.mean(v)) for k, v in sums.items()}
         metrics["actor/lr"] = actor.optim.lr
