@@ -313,10 +313,9 @@ def test_online_mtp_leaves_the_policys_update_exactly_as_a_frozen_head_does(tie)
         else:
             assert not torch.equal(after["frozen"][name], value), name  # the policy trained
             assert torch.equal(after["online"][name], after["frozen"][name]), name
-    assert (
-        metrics["online"]["actor/grad_norm"] > 0.01 and metrics["online"]["mtp/grad_norm"] > 0.01
-    )  # both were clipped
-    assert metrics["online"]["actor/grad_norm"] == metrics["frozen"]["actor/grad_norm"]
+    online = metrics["online"]
+    assert online["actor/grad_norm"] > 0.01 and online["mtp/grad_norm"] > 0.01, "both norms above grad_clip"
+    assert online["actor/grad_norm"] == metrics["frozen"]["actor/grad_norm"]
 
 
 @pytest.mark.parametrize("cp", [1, 2, 4])
