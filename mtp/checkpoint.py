@@ -25,11 +25,12 @@ from safetensors.torch import load_file, save_file
 from mtp.model import MiMoConfig, MiMoForCausalLM
 
 CONFIG_FILE = "config.json"
+GENERATION_CONFIG_FILE = "generation_config.json"
 WEIGHTS_FILE = "model.safetensors"
 COMPLETE_MARKER = "COMPLETE"
 TOKENIZER_DIR = "tokenizer"
 TOKENIZER_FILES = (f"{TOKENIZER_DIR}/tokenizer.json", f"{TOKENIZER_DIR}/tokenizer_config.json")
-REQUIRED_FILES = (CONFIG_FILE, WEIGHTS_FILE, *TOKENIZER_FILES)
+REQUIRED_FILES = (CONFIG_FILE, GENERATION_CONFIG_FILE, WEIGHTS_FILE, *TOKENIZER_FILES)
 
 
 class CheckpointError(RuntimeError):
@@ -59,7 +60,10 @@ def save_checkpoint(
     save_file(state, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
     cfg = model.config.to_hf_dict(extra_config)
     cfg["torch_dtype"] = str(dtype).removeprefix("torch.")
+    generation = generation_settings(tokenizer)
+    cfg.update(generation)
     (tmp / CONFIG_FILE).write_text(json.dumps(cfg, indent=2))
+    (tmp / GENERATION_CONFIG_FILE).write_text(json.dumps(generation, indent=2))
     save_tokenizer(tokenizer, tmp / TOKENIZER_DIR)
     for f in tmp.rglob("*"):
         if f.is_file():
@@ -69,6 +73,20 @@ def save_checkpoint(
     shutil.rmtree(path, ignore_errors=True)
     tmp.rename(path)
     return path
+
+
+def generation_settings(tokenizer) -> dict[str, int]:
+    """The end and padding tokens, for ``config.json`` and ``generation_config.json``: any engine that opens the
+    checkpoint (vLLM servers under veRL, HF ``generate``) then stops where the tokenizer's chat turn ends, as the
+    in-process engine does, instead of running every answer to the length limit."""
+    if tokenizer.eos_token_id is None:
+        raise CheckpointError("save_checkpoint: the tokenizer has no eos_token; generation would never stop")
+    out = {"eos_token_id": int(tokenizer.eos_token_id)}
+    if tokenizer.pad_token_id is not None:
+        out["pad_token_id"] = int(tokenizer.pad_token_id)
+    if tokenizer.bos_token_id is not None:
+        out["bos_token_id"] = int(tokenizer.bos_token_id)
+    return out
 
 
 def save_tokenizer(tokenizer, path: str | Path) -> None:

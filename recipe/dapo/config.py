@@ -123,9 +123,9 @@ def validate(cfg: DictConfig) -> None:
     for key in ("nnodes", "n_gpus_per_node"):
         _require(tr[key] >= 1, f"trainer.{key}", f"must be >= 1, got {tr[key]}")
     _require(
-        cfg.actor_rollout_ref.actor.strategy in ("fsdp", "megatron"),
+        cfg.actor_rollout_ref.actor.strategy in ("fsdp", "fsdp2", "megatron"),
         "actor_rollout_ref.actor.strategy",
-        f"must be fsdp or megatron, got {cfg.actor_rollout_ref.actor.strategy!r}",
+        f"must be fsdp, fsdp2 or megatron, got {cfg.actor_rollout_ref.actor.strategy!r}",
     )
     loggers = {"console", "file", "wandb", "tensorboard", "mlflow", "swanlab"}
     bad = [x for x in tr.logger if x not in loggers]

@@ -16,14 +16,21 @@ next to the run, without starting Ray. A real start checks for GPUs or NPUs firs
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
 import shlex
+import shutil
+import subprocess
 import sys
+import time
 import warnings
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
 from recipe.dapo.config import ConfigError
+from recipe.dapo.report import plot_run
 from recipe.engine import spec_from_config
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -31,7 +38,7 @@ REWARD_FUNCTION = REPO_ROOT / "recipe" / "dapo" / "batch.py"  # compute_score: v
 
 
 class BackendUnavailableError(RuntimeError):
-    """The cluster backend cannot start on this machine (no accelerator)."""
+    """veRL's trainer cannot start here; the message names what is missing."""
 
 
 def _value(v) -> str:
@@ -74,10 +81,11 @@ def spec_overrides(spec: DictConfig) -> dict[str, object]:
     }
 
 
-def verl_overrides(cfg: DictConfig, model: str, train: str, val: str) -> dict[str, object]:
+def verl_overrides(cfg: DictConfig, model: str, train: str, val: str, device: str = "cuda") -> dict[str, object]:
     """Every veRL key this recipe sets, from the recipe config (keys mirror veRL's, so this is mostly 1:1)."""
     data, actor, ro = cfg.data, cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
     algo, ob, tr = cfg.algorithm, cfg.reward_model.overlong_buffer, cfg.trainer
+    model, train, val = (str(Path(p).resolve()) for p in (model, train, val))  # the job runs from the repo root
     tokenizer = Path(model, "tokenizer")
     out: dict[str, object] = {
         "data.train_files": train,
@@ -100,11 +108,13 @@ def verl_overrides(cfg: DictConfig, model: str, train: str, val: str) -> dict[st
         "actor_rollout_ref.actor.ppo_mini_batch_size": int(actor.ppo_mini_batch_size),
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": int(actor.ppo_micro_batch_size_per_gpu),
         "actor_rollout_ref.actor.ppo_epochs": int(actor.ppo_epochs),
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": int(actor.ppo_micro_batch_size_per_gpu),
         "actor_rollout_ref.actor.clip_ratio_low": float(actor.clip_ratio_low),
         "actor_rollout_ref.actor.clip_ratio_high": float(actor.clip_ratio_high),
         "actor_rollout_ref.actor.clip_ratio_c": float(actor.clip_ratio_c),
         "actor_rollout_ref.actor.loss_agg_mode": str(actor.loss_agg_mode),
         "actor_rollout_ref.actor.grad_clip": float(actor.grad_clip),
+        "actor_rollout_ref.actor.fsdp_config.dtype": str(ro.dtype),  # train in the dtype the rollout samples in
         "actor_rollout_ref.actor.use_kl_loss": False,  # DAPO drops the KL term
         "actor_rollout_ref.rollout.name": "vllm",
         "actor_rollout_ref.rollout.n": int(ro.n),
@@ -112,7 +122,9 @@ def verl_overrides(cfg: DictConfig, model: str, train: str, val: str) -> dict[st
         "actor_rollout_ref.rollout.top_p": float(ro.top_p),
         "actor_rollout_ref.rollout.dtype": str(ro.dtype),
         "actor_rollout_ref.rollout.tensor_model_parallel_size": int(ro.tensor_model_parallel_size),
-        "actor_rollout_ref.rollout.gpu_memory_utilization": float(ro.gpu_memory_utilization or 0.5),
+        "actor_rollout_ref.rollout.gpu_memory_utilization": float(
+            ro.gpu_memory_utilization or (0.04 if device == "cpu" else 0.5)
+        ),
         "actor_rollout_ref.rollout.max_num_seqs": int(ro.max_num_seqs),
         "actor_rollout_ref.rollout.enforce_eager": bool(ro.enforce_eager),
         "actor_rollout_ref.rollout.free_cache_engine": bool(ro.free_cache_engine),
@@ -144,10 +156,12 @@ def verl_overrides(cfg: DictConfig, model: str, train: str, val: str) -> dict[st
         "trainer.logger": list(tr.logger),
         "trainer.nnodes": int(tr.nnodes),
         "trainer.n_gpus_per_node": int(tr.n_gpus_per_node),
-        "trainer.device": "npu" if tr.device == "npu" else "cuda",
+        "trainer.device": device,
     }
     out = {k: v for k, v in out.items() if v is not None}
     out.update(spec_overrides(cfg.spec))
+    if device == "cpu":
+        out.update(cpu_overrides(cfg))
     return out
 
 
@@ -206,31 +220,181 @@ def accelerators(device: str) -> int:
     return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
 
 
-def run_verl(cfg: DictConfig, model: str, train: str, val: str) -> DictConfig:
-    """Dry run: print and save the veRL config and job; otherwise start veRL's Ray trainer."""
+def resolve_device(requested: str) -> str:
+    """``trainer.device=auto``: cuda or npu where visible, else the CPU."""
+    if requested != "auto":
+        return requested
+    for device in ("cuda", "npu"):
+        if accelerators(device):
+            return device
+    return "cpu"
+
+
+# Measured on a 2-core CPU (../shared/DESIGN.md, results/verl/): one replica about 7.1 GiB PSS, each more ~3.3.
+CPU_GIB_FIRST_REPLICA = 7.5
+CPU_GIB_PER_EXTRA_REPLICA = 3.5
+
+
+def cpu_overrides(cfg: DictConfig) -> dict[str, object]:
+    """What veRL's trainer needs on a machine without accelerators (each setting checked necessary there)."""
+    replicas = int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node)
+    return {
+        "actor_rollout_ref.model.use_remove_padding": False,  # the packed path needs flash-attn
+        "+actor_rollout_ref.model.override_config.attn_implementation": "sdpa",
+        "actor_rollout_ref.actor.fsdp_config.use_torch_compile": False,
+        "+actor_rollout_ref.rollout.enable_sleep_mode": False,  # vLLM CPU has no sleep mode
+        "actor_rollout_ref.rollout.agent.num_workers": 1,
+        "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes": 64,  # a /dev/shm buffer
+        "reward.num_workers": 1,
+        "transfer_queue.backend.SimpleStorage.num_data_storage_units": 1,
+        # veRL schedules on Ray's "GPU" resource: the CPU node declares one logical GPU per replica
+        "+ray_kwargs.ray_init.num_gpus": replicas,
+        "ray_kwargs.ray_init.num_cpus": 3 + 2 * replicas,
+    }
+
+
+def preflight_cpu(cfg: DictConfig) -> None:
+    """Name what would stop veRL's trainer on the CPU before any process starts."""
+    import importlib.util
+
+    import psutil
+
+    from recipe.verl_cpu import check_versions
+
+    check_versions()
+    for module, why in (("ray", "veRL's trainer runs on Ray"), ("transfer_queue", "veRL's V1 trainer imports it")):
+        if importlib.util.find_spec(module) is None:
+            raise BackendUnavailableError(
+                f"backend=verl: Python module {module!r} is missing ({why}); run make install"
+            )
+    if cfg.actor_rollout_ref.actor.strategy != "fsdp2":
+        raise ConfigError(
+            f"actor_rollout_ref.actor.strategy: backend=verl on the CPU runs fsdp2 only "
+            f"(got {cfg.actor_rollout_ref.actor.strategy!r}; FSDP1 refuses CPU parameters)"
+        )
+    replicas = int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node)
+    need = CPU_GIB_FIRST_REPLICA + CPU_GIB_PER_EXTRA_REPLICA * (replicas - 1)
+    have = psutil.virtual_memory().available / 2**30
+    if have < need:
+        raise BackendUnavailableError(
+            f"backend=verl on the CPU with {replicas} replica(s) needs about {need:.1f} GiB of free memory, "
+            f"{have:.1f} GiB is available (trainer.n_gpus_per_node sets the replicas)"
+        )
+
+
+def launch_env(device: str, out_dir: Path) -> dict[str, str]:
+    """The trainer's environment: the CPU platform for every veRL and vLLM process it starts, and veRL's file
+    logger writing next to the run (one file per launch; :func:`collect_metrics` merges them)."""
+    env = dict(os.environ)
+    if device == "cpu":
+        env["VERL_PLATFORM"] = "cpu"
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    start = latest_step(out_dir)
+    env["VERL_FILE_LOGGER_PATH"] = str(out_dir / f"{TRACKING_PREFIX}{start}.jsonl")
+    return env
+
+
+TRACKING_PREFIX = "tracking_from_step_"
+LATEST_FILE = "latest_checkpointed_iteration.txt"  # veRL's resume pointer in trainer.default_local_dir
+
+
+def latest_step(out_dir: Path) -> int:
+    latest = out_dir / LATEST_FILE
+    return int(latest.read_text().strip()) if latest.is_file() else 0
+
+
+def collect_metrics(out_dir: Path) -> list[dict]:
+    """``metrics.jsonl`` of a veRL run from its launches' tracking files: a relaunch resumed at step S replaces
+    what the killed launch logged after S, so the history is what an uninterrupted run logs."""
+    rows: dict[int, dict] = {}
+    files = sorted(out_dir.glob(f"{TRACKING_PREFIX}*.jsonl"), key=lambda p: int(p.stem.removeprefix(TRACKING_PREFIX)))
+    for path in files:
+        start = int(path.stem.removeprefix(TRACKING_PREFIX))
+        rows = {s: r for s, r in rows.items() if s <= start}
+        for line in path.read_text().splitlines():
+            if line.strip():
+                entry = json.loads(line)
+                rows[int(entry["step"])] = {"step": int(entry["step"]), **entry["data"]}
+    history = [rows[s] for s in sorted(rows)]
+    (out_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in history))
+    return history
+
+
+JOB_ENV = "SPEC_ROLLOUT_JOB"  # marks every process of one job (Ray's daemons and workers inherit it)
+
+
+def _shm_entries() -> set[str]:
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+def job_processes(job_id: str) -> list:
+    """Live processes of the job ``job_id``, found by the environment they inherited."""
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if proc.environ().get(JOB_ENV) == job_id:
+                found.append(proc)
+    return found
+
+
+def run_job(command: list[str], env: dict[str, str], timeout_s: float | None = None) -> int:
+    """Run the Ray job and leave nothing behind: on any exit (also an exception or a timeout here) every process
+    of the job is killed, Ray's daemons included (they start sessions of their own), and the /dev/shm files it
+    created are removed."""
+    job_id = f"{os.getpid()}-{time.time_ns()}"
+    env = {**env, JOB_ENV: job_id}
+    shm_before = _shm_entries()
+    proc = subprocess.Popen(command, env=env, cwd=REPO_ROOT)
+    try:
+        return proc.wait(timeout=timeout_s)
+    finally:
+        cleanup_job(job_id, shm_before)
+
+
+def cleanup_job(job_id: str, shm_before: set[str]) -> None:
+    import psutil
+
+    procs = job_processes(job_id)
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(procs, timeout=30)
+    for name in _shm_entries() - shm_before:
+        path = Path("/dev/shm", name)
+        with contextlib.suppress(OSError):
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+
+
+def run_verl(cfg: DictConfig, model: str, train: str, val: str) -> DictConfig | list[dict]:
+    """Dry run: print and save the veRL config and job. Otherwise run veRL's own trainer (``verl.trainer.main_ppo``,
+    the command the sbatch scripts run) and return the run's metrics history."""
     check_mapping(cfg)
-    overrides = verl_overrides(cfg, model, train, val)
+    device = resolve_device(str(cfg.trainer.device))
+    overrides = verl_overrides(cfg, model, train, val, device)
     verl_cfg = compose_verl_config(overrides)
-    out_dir = Path(cfg.trainer.default_local_dir)
-    command = shlex.join(launch_command(overrides))
+    out_dir = Path(cfg.trainer.default_local_dir).resolve()
+    command = launch_command(overrides)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "verl_config.yaml").write_text(OmegaConf.to_yaml(verl_cfg))
+    prefix = "VERL_PLATFORM=cpu " if device == "cpu" else ""
+    (out_dir / "verl_launch.sh").write_text(
+        "#!/usr/bin/env bash\nset -euo pipefail\n" + prefix + shlex.join(command) + "\n"
+    )
     if cfg.trainer.dry_run:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "verl_config.yaml").write_text(OmegaConf.to_yaml(verl_cfg))
-        (out_dir / "verl_launch.sh").write_text("#!/usr/bin/env bash\nset -euo pipefail\n" + command + "\n")
         print(OmegaConf.to_yaml(verl_cfg))
-        print(f"# Ray job ({cfg.trainer.nnodes} node(s) x {cfg.trainer.n_gpus_per_node} {verl_cfg.trainer.device}):")
-        print(command)
+        print(f"# Ray job ({cfg.trainer.nnodes} node(s) x {cfg.trainer.n_gpus_per_node} {device}):")
+        print(prefix + shlex.join(command))
         print(f"# written: {out_dir / 'verl_config.yaml'}, {out_dir / 'verl_launch.sh'}")
         return verl_cfg
-    device = str(verl_cfg.trainer.device)
-    found = accelerators(device)
-    if found == 0:
-        raise BackendUnavailableError(
-            f"backend=verl runs veRL's Ray trainer on GPUs or NPUs, and this machine has no {device} device "
-            "visible. Use backend=local here, trainer.dry_run=true to check the config, or the sbatch scripts "
-            "in scripts/slurm/ on a cluster."
-        )
-    from verl.trainer.main_ppo import TaskRunner, run_ppo
-
-    run_ppo(verl_cfg, TaskRunner)
-    return verl_cfg
+    if device == "cpu":
+        preflight_cpu(cfg)
+    elif accelerators(device) == 0:
+        raise BackendUnavailableError(f"trainer.device={device}: no {device} device is visible to this process")
+    code = run_job(command, launch_env(device, out_dir))
+    if code != 0:
+        raise RuntimeError(f"veRL's trainer exited with code {code}; its command: {out_dir / 'verl_launch.sh'}")
+    history = collect_metrics(out_dir)
+    plot_run(history, out_dir / "curves.png", title=f"{cfg.trainer.project_name} / {cfg.trainer.experiment_name}")
+    return history
