@@ -124,7 +124,7 @@ def test_online_mtp_on_fsdp_is_refused_by_key():
 def test_dry_run_prints_and_saves_the_verl_config_and_job(inputs, tmp_path):
     out = tmp_path / "run"
     proc = subprocess.run(
-        [sys.executable, "-m", "recipe.dapo", *inputs, "backend=verl", "trainer.dry_run=true",
+        [sys.executable, "-m", "recipe.dapo", *inputs, "backend=verl", "trainer.dry_run=true", "trainer.device=cuda",
          f"trainer.default_local_dir={out}", "trainer.nnodes=2", "trainer.n_gpus_per_node=8"],
         cwd=REPO, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
@@ -139,15 +139,24 @@ def test_dry_run_prints_and_saves_the_verl_config_and_job(inputs, tmp_path):
     assert subprocess.run(["bash", "-n", str(out / "verl_launch.sh")]).returncode == 0
 
 
-def test_real_start_without_accelerators_stops_early_with_a_clear_message(inputs, tmp_path):
+def test_cpu_start_names_too_little_memory_before_any_process_starts(inputs, tmp_path):
     from recipe.dapo.__main__ import run
-    from recipe.dapo.verl_backend import BackendUnavailableError, accelerators
+    from recipe.dapo.verl_backend import BackendUnavailableError
 
-    if accelerators("cuda") or accelerators("npu"):
-        pytest.skip("this machine has accelerators: the real start would launch Ray")
-    cfg = recipe_config(*inputs, f"trainer.default_local_dir={tmp_path}")
-    with pytest.raises(BackendUnavailableError, match="GPUs or NPUs"):
+    cfg = recipe_config(
+        *inputs, "trainer.device=cpu", "trainer.n_gpus_per_node=64", f"trainer.default_local_dir={tmp_path}"
+    )
+    with pytest.raises(BackendUnavailableError, match=r"64 replica\(s\) needs about 228\.0 GiB"):
         run(cfg)
+    assert not (tmp_path / "verl_job.id").exists()  # nothing was started
+
+
+def test_cpu_dry_run_sets_what_verl_needs_on_the_cpu(inputs):
+    _, v = composed(*inputs, "trainer.device=cpu", "trainer.n_gpus_per_node=2")
+    assert v.trainer.device == "cpu" and v.ray_kwargs.ray_init.num_gpus == 2
+    assert v.actor_rollout_ref.actor.strategy == "fsdp2" and v.actor_rollout_ref.rollout.enable_sleep_mode is False
+    assert v.actor_rollout_ref.model.override_config.attn_implementation == "sdpa"
+    assert v.actor_rollout_ref.actor.fsdp_config.dtype == v.actor_rollout_ref.rollout.dtype == "float32"
 
 
 @pytest.mark.parametrize("script", SHELL_SCRIPTS, ids=lambda p: p.name)

@@ -18,14 +18,15 @@ CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 
 
 def resolve_inputs(cfg: DictConfig) -> tuple[str, str, str]:
-    """Model path, train file and val file; the embedded base model (built once, cached) fills the gaps."""
+    """Model path, train file and val file; the embedded base model (built once, cached) fills the gaps. A dry
+    run names where it will be and builds nothing."""
     model = cfg.actor_rollout_ref.model.path
     train, val = cfg.data.train_files, cfg.data.val_files
     if model is None or train is None or val is None:
-        from recipe.sft.train import ensure_base_model
+        from recipe.sft.train import base_model_path, ensure_base_model
 
         base_cfg = OmegaConf.load(CONFIG_DIR / f"{cfg.base_model}.yaml")
-        ckpt = ensure_base_model(base_cfg)
+        ckpt = base_model_path(base_cfg) if cfg.trainer.dry_run else ensure_base_model(base_cfg)
         model = model or str(ckpt)
         train = train or str(ckpt.parent / "data" / "train.parquet")
         val = val or str(ckpt.parent / "data" / "test.parquet")

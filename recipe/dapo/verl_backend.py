@@ -305,7 +305,7 @@ def latest_step(out_dir: Path) -> int:
 
 def collect_metrics(out_dir: Path) -> list[dict]:
     """``metrics.jsonl`` of a veRL run from its launches' tracking files: a relaunch resumed at step S replaces
-    what the killed launch logged after S, so the history is what an uninterrupted run logs."""
+    what the killed launch logged after S, so the history is what an uninterrupted run logs (one row a step)."""
     rows: dict[int, dict] = {}
     files = sorted(out_dir.glob(f"{TRACKING_PREFIX}*.jsonl"), key=lambda p: int(p.stem.removeprefix(TRACKING_PREFIX)))
     for path in files:
@@ -314,7 +314,8 @@ def collect_metrics(out_dir: Path) -> list[dict]:
         for line in path.read_text().splitlines():
             if line.strip():
                 entry = json.loads(line)
-                rows[int(entry["step"])] = {"step": int(entry["step"]), **entry["data"]}
+                step = int(entry["step"])
+                rows[step] = {**rows.get(step, {"step": step}), **entry["data"]}
     history = [rows[s] for s in sorted(rows)]
     (out_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in history))
     return history
@@ -339,21 +340,35 @@ def job_processes(job_id: str) -> list:
     return found
 
 
-def run_job(command: list[str], env: dict[str, str], timeout_s: float | None = None) -> int:
-    """Run the Ray job and leave nothing behind: on any exit (also an exception or a timeout here) every process
+def run_job(command: list[str], env: dict[str, str], job_file: Path) -> int:
+    """Run the Ray job and leave nothing behind: on any exit (also an exception or Ctrl-C here) every process
     of the job is killed, Ray's daemons included (they start sessions of their own), and the /dev/shm files it
-    created are removed."""
-    job_id = f"{os.getpid()}-{time.time_ns()}"
+    created are removed. The job's id and the /dev/shm entries before it are kept in ``job_file`` while it
+    runs, for :func:`end_stale_job`."""
+    job_id = env.get(JOB_ENV) or f"{os.getpid()}-{time.time_ns()}"
     env = {**env, JOB_ENV: job_id}
     shm_before = _shm_entries()
+    job_file.write_text(json.dumps({"id": job_id, "shm_before": sorted(shm_before)}))
     proc = subprocess.Popen(command, env=env, cwd=REPO_ROOT)
     try:
-        return proc.wait(timeout=timeout_s)
+        return proc.wait()
     finally:
         cleanup_job(job_id, shm_before)
+        job_file.unlink(missing_ok=True)
+
+
+def end_stale_job(job_file: Path) -> None:
+    """A launcher killed outright (kill -9: no ``finally``) leaves its job running, still training and writing
+    checkpoints; a relaunch in the same run directory ends it (and removes its /dev/shm files) before it reads
+    the checkpoint to resume from."""
+    if job_file.is_file():
+        stale = json.loads(job_file.read_text())
+        cleanup_job(stale["id"], set(stale["shm_before"]))
+        job_file.unlink()
 
 
 def cleanup_job(job_id: str, shm_before: set[str]) -> None:
+    """Kill every process of the job and remove the /dev/shm entries that appeared since ``shm_before``."""
     import psutil
 
     procs = job_processes(job_id)
@@ -372,11 +387,16 @@ def run_verl(cfg: DictConfig, model: str, train: str, val: str) -> DictConfig | 
     the command the sbatch scripts run) and return the run's metrics history."""
     check_mapping(cfg)
     device = resolve_device(str(cfg.trainer.device))
-    overrides = verl_overrides(cfg, model, train, val, device)
-    verl_cfg = compose_verl_config(overrides)
     out_dir = Path(cfg.trainer.default_local_dir).resolve()
-    command = launch_command(overrides)
     out_dir.mkdir(parents=True, exist_ok=True)
+    job_file = out_dir / "verl_job.id"
+    if not cfg.trainer.dry_run:
+        end_stale_job(job_file)
+    overrides = verl_overrides(cfg, model, train, val, device)
+    if cfg.trainer.resume == "auto" and latest_step(out_dir) > 0:
+        overrides["trainer.val_before_train"] = False  # as an uninterrupted run: no evaluation at the resumed step
+    verl_cfg = compose_verl_config(overrides)
+    command = launch_command(overrides)
     (out_dir / "verl_config.yaml").write_text(OmegaConf.to_yaml(verl_cfg))
     prefix = "VERL_PLATFORM=cpu " if device == "cpu" else ""
     (out_dir / "verl_launch.sh").write_text(
@@ -392,7 +412,7 @@ def run_verl(cfg: DictConfig, model: str, train: str, val: str) -> DictConfig | 
         preflight_cpu(cfg)
     elif accelerators(device) == 0:
         raise BackendUnavailableError(f"trainer.device={device}: no {device} device is visible to this process")
-    code = run_job(command, launch_env(device, out_dir))
+    code = run_job(command, launch_env(device, out_dir), job_file)
     if code != 0:
         raise RuntimeError(f"veRL's trainer exited with code {code}; its command: {out_dir / 'verl_launch.sh'}")
     history = collect_metrics(out_dir)

@@ -189,13 +189,18 @@ def plot_loss_curve(history: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+def base_model_path(cfg: DictConfig) -> Path:
+    """Where :func:`ensure_base_model` keeps the checkpoint for ``cfg`` (built or not)."""
+    return Path(cfg.cache_dir) / config_hash(cfg) / "checkpoint"
+
+
 def ensure_base_model(cfg: DictConfig, progress: bool = True) -> Path:
     """The base checkpoint for ``cfg``, trained once and cached under ``cfg.cache_dir/<config hash>``.
 
     A directory without the completion marker (a crash mid-build) is rebuilt, never loaded.
     """
-    root = Path(cfg.cache_dir) / config_hash(cfg)
-    ckpt = root / "checkpoint"
+    ckpt = base_model_path(cfg)
+    root = ckpt.parent
     if is_complete(ckpt) and (root / "data" / "train.parquet").is_file() and (root / "data" / "test.parquet").is_file():
         logger.info("reusing base model %s", ckpt)
         return ckpt
