@@ -80,7 +80,11 @@ def test_verl_trainer_runs_dapo_with_sam_and_resumes_after_kill_9(harness_model,
             assert -1.0 <= row["critic/score/mean"] <= 1.0
             # answers end at the end token the checkpoint names, not at the length limit
             assert row["response_length/mean"] < MAX_RESPONSE
+            # the timeline recorded inside the vLLM server: SAM drafted there and vLLM accepted some of it
+            assert row["rollout/spec_accept_length"] > 1.0 and row["rollout/throughput_tok_s"] > 0
+            assert row["rollout/tokens_per_request_step"] > 1.0
         assert (out / "curves.png").stat().st_size > 0
+        assert sorted(p.name.split("_")[0] for p in (out / "timelines").glob("*.json"))[-1] == f"step{STEPS:06d}"
         assert not (out / "verl_job.id").exists()
     finally:
         log.close()

@@ -31,6 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from recipe.dapo.config import ConfigError
 from recipe.dapo.report import plot_run
+from recipe.dapo.server_timeline import STEP_MARKS, TIMELINE_DIR_ENV, rollout_metrics_by_step
 from recipe.engine import spec_from_config
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -129,6 +130,7 @@ def verl_overrides(cfg: DictConfig, model: str, train: str, val: str, device: st
         "actor_rollout_ref.rollout.enforce_eager": bool(ro.enforce_eager),
         "actor_rollout_ref.rollout.free_cache_engine": bool(ro.free_cache_engine),
         "actor_rollout_ref.rollout.seed": int(tr.seed),
+        "actor_rollout_ref.rollout.disable_log_stats": False,  # the servers' stat loggers record the timeline
         "algorithm.adv_estimator": str(algo.adv_estimator),
         "algorithm.norm_adv_by_std_in_grpo": bool(algo.norm_adv_by_std_in_grpo),
         "algorithm.use_kl_in_reward": False,
@@ -291,6 +293,7 @@ def launch_env(device: str, out_dir: Path) -> dict[str, str]:
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     start = latest_step(out_dir)
     env["VERL_FILE_LOGGER_PATH"] = str(out_dir / f"{TRACKING_PREFIX}{start}.jsonl")
+    env[TIMELINE_DIR_ENV] = str(out_dir / "server_timeline")
     return env
 
 
@@ -303,9 +306,10 @@ def latest_step(out_dir: Path) -> int:
     return int(latest.read_text().strip()) if latest.is_file() else 0
 
 
-def collect_metrics(out_dir: Path) -> list[dict]:
+def collect_metrics(out_dir: Path, tail_threshold: int) -> list[dict]:
     """``metrics.jsonl`` of a veRL run from its launches' tracking files: a relaunch resumed at step S replaces
-    what the killed launch logged after S, so the history is what an uninterrupted run logs (one row a step)."""
+    what the killed launch logged after S, so the history is what an uninterrupted run logs (one row a step).
+    Each step also gets the ``rollout/*`` metrics of its rollouts in the servers (the local backend's names)."""
     rows: dict[int, dict] = {}
     files = sorted(out_dir.glob(f"{TRACKING_PREFIX}*.jsonl"), key=lambda p: int(p.stem.removeprefix(TRACKING_PREFIX)))
     for path in files:
@@ -316,6 +320,10 @@ def collect_metrics(out_dir: Path) -> list[dict]:
                 entry = json.loads(line)
                 step = int(entry["step"])
                 rows[step] = {**rows.get(step, {"step": step}), **entry["data"]}
+    validated = {s for s, r in rows.items() if any(k.startswith("val-core/") for k in r)}
+    for step, metrics in rollout_metrics_by_step(out_dir, validated, tail_threshold).items():
+        if step in rows:
+            rows[step].update(metrics)
     history = [rows[s] for s in sorted(rows)]
     (out_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in history))
     return history
@@ -329,13 +337,14 @@ def _shm_entries() -> set[str]:
 
 
 def job_processes(job_id: str) -> list:
-    """Live processes of the job ``job_id``, found by the environment they inherited."""
+    """Live processes of the job ``job_id``, found by the environment they inherited (this process left out: a
+    launcher started with the variable set, as tests and benchmarks do to follow a job, ends its job, not itself)."""
     import psutil
 
     found = []
     for proc in psutil.process_iter():
         with contextlib.suppress(psutil.Error):
-            if proc.environ().get(JOB_ENV) == job_id:
+            if proc.pid != os.getpid() and proc.environ().get(JOB_ENV) == job_id:
                 found.append(proc)
     return found
 
@@ -351,10 +360,37 @@ def run_job(command: list[str], env: dict[str, str], job_file: Path) -> int:
     job_file.write_text(json.dumps({"id": job_id, "shm_before": sorted(shm_before)}))
     proc = subprocess.Popen(command, env=env, cwd=REPO_ROOT)
     try:
+        mark_steps(proc, Path(env["VERL_FILE_LOGGER_PATH"]), job_file.parent / STEP_MARKS)
         return proc.wait()
     finally:
         cleanup_job(job_id, shm_before)
         job_file.unlink(missing_ok=True)
+
+
+def mark_steps(proc: subprocess.Popen, tracking: Path, marks: Path, poll_s: float = 0.2) -> None:
+    """While the job runs, note the wall time at which veRL's file logger writes each step's metrics: the
+    boundaries that assign the servers' timeline rows to training steps (server_timeline.py)."""
+    launch, seen, resumed_from = time.time(), 0, latest_step(marks.parent)
+    while proc.poll() is None:
+        time.sleep(poll_s)
+        if not tracking.is_file():
+            continue
+        lines = tracking.read_bytes().split(b"\n")[:-1]  # complete lines only
+        now = time.time()
+        with marks.open("a") as fh:
+            for line in lines[seen:]:
+                fh.write(
+                    json.dumps(
+                        {
+                            "step": int(json.loads(line)["step"]),
+                            "t": now,
+                            "launch": launch,
+                            "resumed_from": resumed_from,
+                        }
+                    )
+                    + "\n"
+                )
+        seen = len(lines)
 
 
 def end_stale_job(job_file: Path) -> None:
@@ -415,6 +451,6 @@ def run_verl(cfg: DictConfig, model: str, train: str, val: str) -> DictConfig | 
     code = run_job(command, launch_env(device, out_dir), job_file)
     if code != 0:
         raise RuntimeError(f"veRL's trainer exited with code {code}; its command: {out_dir / 'verl_launch.sh'}")
-    history = collect_metrics(out_dir)
+    history = collect_metrics(out_dir, int(cfg.trainer.long_tail_threshold))
     plot_run(history, out_dir / "curves.png", title=f"{cfg.trainer.project_name} / {cfg.trainer.experiment_name}")
     return history
