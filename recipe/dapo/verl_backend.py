@@ -1,5 +1,5 @@
-"""``backend=verl``: the same DAPO configuration on veRL 0.9.1's Ray trainer (FSDP/Megatron workers, vLLM
-rollout servers) for clusters.
+"""``backend=verl``: the same DAPO configuration on veRL 0.9.1's own Ray trainer (``verl.trainer.main_ppo``:
+FSDP/Megatron workers, vLLM rollout servers), on clusters and, through recipe/verl_cpu.py, on this CPU.
 
 The recipe's config is translated into Hydra overrides of veRL's own ``ppo_trainer`` config (composed from
 the installed wheel, so a key veRL does not know fails here, not on the cluster):
@@ -11,7 +11,9 @@ the installed wheel, so a key veRL does not know fails here, not on the cluster)
 - MTP: ``actor_rollout_ref.model.mtp.*`` (rollout drafting; online training needs the Megatron actor).
 
 ``trainer.dry_run=true`` prints the composed veRL config and the command of the Ray job, and writes both
-next to the run, without starting Ray. A real start checks for GPUs or NPUs first.
+next to the run, without starting anything. A real start checks what the device needs first (on the CPU:
+versions, Ray, TransferQueue, memory), runs the job as a subprocess that it cleans up after on every exit,
+and collects the run's metrics and server timelines into the run directory (server_timeline.py).
 """
 
 from __future__ import annotations
@@ -82,7 +84,7 @@ def spec_overrides(spec: DictConfig) -> dict[str, object]:
     }
 
 
-def verl_overrides(cfg: DictConfig, model: str, train: str, val: str, device: str = "cuda") -> dict[str, object]:
+def verl_overrides(cfg: DictConfig, model: str, train: str, val: str, device: str) -> dict[str, object]:
     """Every veRL key this recipe sets, from the recipe config (keys mirror veRL's, so this is mostly 1:1)."""
     data, actor, ro = cfg.data, cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
     algo, ob, tr = cfg.algorithm, cfg.reward_model.overlong_buffer, cfg.trainer
@@ -178,10 +180,11 @@ def check_mapping(cfg: DictConfig) -> None:
             "spec.mtp.train: online MTP training on backend=verl needs the Megatron actor "
             "(actor_rollout_ref.actor.strategy=megatron); veRL's FSDP actor only drafts with the MTP head"
         )
-    if cfg.algorithm.filter_groups.enable and cfg.algorithm.filter_groups.on_exhausted == "train":
+    fg = cfg.algorithm.filter_groups
+    if fg.enable and fg.max_num_gen_batches > 0:
         warnings.warn(
-            "algorithm.filter_groups.on_exhausted=train applies to backend=local only: veRL stops with an error "
-            "when max_num_gen_batches rounds leave fewer than train_batch_size groups",
+            "algorithm.filter_groups.max_num_gen_batches and on_exhausted apply to backend=local only: veRL 0.9.1's "
+            "V1 trainer ignores them and refills until train_batch_size groups are kept, with no cap on rounds",
             stacklevel=2,
         )
 
