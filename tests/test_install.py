@@ -53,3 +53,25 @@ def test_transferqueue_installs_without_shadowing_this_projects_recipe_package()
     site = Path(transfer_queue.__file__).resolve().parents[1]
     stray = [p for p in (site / "recipe").rglob("*.py")] if (site / "recipe").is_dir() else []
     assert not stray, f"site-packages has a top-level recipe package that shadows this project's: {stray[:3]}"
+
+
+def test_the_gpu_extra_resolves_with_the_versions_the_readme_names(tmp_path):
+    """A cluster user's ``pip install -e ".[gpu]"`` resolves (checked against the package index, nothing
+    installed): veRL 0.9.1 with the vLLM and torch it pins."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    report = tmp_path / "report.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet", "--report", str(report),
+         f"{repo}[gpu]"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    chosen = {
+        i["metadata"]["name"].lower(): i["metadata"]["version"] for i in json.loads(report.read_text())["install"]
+    }
+    assert (chosen["verl"], chosen["vllm"], chosen["torch"]) == ("0.9.1", "0.24.0", "2.11.0")

