@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from recipe.dapo.server_timeline import STEP_MARKS
 from recipe.dapo.verl_backend import JOB_ENV, _shm_entries, cleanup_job, job_processes
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,10 +40,13 @@ def launch_args(model: Path, out: Path, *extra: str) -> list[str]:
 
 
 def wait_for_checkpoint(proc: subprocess.Popen, out: Path, step: int, timeout_s: float) -> None:
-    latest = out / "latest_checkpointed_iteration.txt"
+    """Until ``step`` is checkpointed and the launcher has noted when its metrics were logged (veRL logs them
+    after the checkpoint; a launcher killed in between leaves that step without rollout/* metrics)."""
+    latest, marks = out / "latest_checkpointed_iteration.txt", out / STEP_MARKS
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if latest.is_file() and latest.read_text().strip() and int(latest.read_text()) >= step:
+        saved = latest.is_file() and latest.read_text().strip() and int(latest.read_text()) >= step
+        if saved and marks.is_file() and any(json.loads(m)["step"] >= step for m in marks.read_text().splitlines()):
             return
         assert proc.poll() is None, f"the launcher exited with {proc.returncode} before checkpoint {step}"
         time.sleep(1)

@@ -10,7 +10,9 @@ step's speculative counts and the lengths of the requests it finished.
 Rows are assigned to training steps by time: the launcher notes when veRL's tracking file receives each step's
 metrics (:data:`STEP_MARKS`), so a step's rows lie between the previous mark and its own. Within that window a
 server's rows split into rollouts where its queue drains; in a step that also validated, each server's last
-rollout is the validation and is left out, as the local backend's metrics leave evaluation out.
+rollout is the validation and is left out, as the local backend's metrics leave evaluation out. veRL logs a
+step's metrics after its checkpoint: a launcher killed between the two never notes that step, which then has
+no ``rollout/*`` metrics (its rows stay in ``server_timeline/``); every other step of a resumed run has them.
 """
 
 from __future__ import annotations
