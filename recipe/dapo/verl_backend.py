@@ -372,28 +372,23 @@ def run_job(command: list[str], env: dict[str, str], job_file: Path) -> int:
 
 def mark_steps(proc: subprocess.Popen, tracking: Path, marks: Path, poll_s: float = 0.2) -> None:
     """While the job runs, note the wall time at which veRL's file logger writes each step's metrics: the
-    boundaries that assign the servers' timeline rows to training steps (server_timeline.py)."""
-    launch, seen, resumed_from = time.time(), 0, latest_step(marks.parent)
+    boundaries that assign the servers' timeline rows to training steps (server_timeline.py). Reads only what
+    the file gained since the last poll."""
+    launch, offset, resumed_from = time.time(), 0, latest_step(marks.parent)
     while proc.poll() is None:
         time.sleep(poll_s)
         if not tracking.is_file():
             continue
-        lines = tracking.read_bytes().split(b"\n")[:-1]  # complete lines only
+        with tracking.open("rb") as fh:
+            fh.seek(offset)
+            new = fh.read()
+        complete = new[: new.rfind(b"\n") + 1]  # a line still being written waits for the next poll
+        offset += len(complete)
         now = time.time()
         with marks.open("a") as fh:
-            for line in lines[seen:]:
-                fh.write(
-                    json.dumps(
-                        {
-                            "step": int(json.loads(line)["step"]),
-                            "t": now,
-                            "launch": launch,
-                            "resumed_from": resumed_from,
-                        }
-                    )
-                    + "\n"
-                )
-        seen = len(lines)
+            for line in complete.splitlines():
+                step = int(json.loads(line)["step"])
+                fh.write(json.dumps({"step": step, "t": now, "launch": launch, "resumed_from": resumed_from}) + "\n")
 
 
 def end_stale_job(job_file: Path) -> None:
