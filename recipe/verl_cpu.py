@@ -256,7 +256,7 @@ VERL_PATCHES = {
     "process_group": _patch_process_group,
     "engine_registry": _patch_engine_registry,
 }
-applied: list[str] = []  # patches applied in this process, in order (tests and the start-up log read it)
+applied: list[str] = []  # patches applied in this process, in order (for the start-up log; register runs once)
 
 
 def register() -> None:

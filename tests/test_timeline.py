@@ -92,24 +92,24 @@ def test_step_metrics_pool_counts_over_rounds_and_leave_out_a_missing_tail():
 
 
 def server_row(t: float, dt: float, active: int, left: int, tokens: int, drafts=0, accepted=0, finished=()):
-    return {"t": t, "dt": dt, "active": active, "stepped": active, "tokens": tokens, "drafts": drafts,
+    return {"t": t, "dt": dt, "active": active, "tokens": tokens, "drafts": drafts,
             "draft_tokens": 2 * drafts, "accepted_tokens": accepted, "finished": [list(f) for f in finished],
             "drained": left == 0}  # fmt: skip
 
 
 def test_server_rows_are_assigned_to_steps_by_the_tracking_marks_and_validation_is_left_out(tmp_path):
-    """One server: step 1 has a training rollout (two steps, 4 tokens, 2 drafts with 3 accepted) then a
-    validation rollout; step 2 a training rollout after a relaunch. Rows of a killed launch's step 2 are
-    replaced by the relaunch's."""
+    """One server: step 1 has a training rollout (two steps of 2 requests, 7 tokens, 2 drafts with 3 accepted)
+    then a validation rollout; step 2 a training rollout after a relaunch. Rows of a killed launch's step 2 are
+    replaced by the relaunch's. A step's requests that emitted tokens are its tokens less its accepted drafts."""
     import json
 
     from recipe.dapo.server_timeline import STEP_MARKS, rollout_metrics_by_step
 
     rows = [
-        server_row(10.0, 0.0, 2, 2, 2, drafts=1, accepted=1),
-        server_row(10.5, 0.5, 2, 0, 6, drafts=1, accepted=2, finished=[("a", 4), ("b", 4)]),
+        server_row(10.0, 0.0, 2, 2, 3, drafts=1, accepted=1),
+        server_row(10.5, 0.5, 2, 0, 4, drafts=1, accepted=2, finished=[("a", 4), ("b", 3)]),
         server_row(11.0, 0.0, 1, 0, 1, finished=[("v", 1)]),  # validation of step 1
-        server_row(30.0, 0.0, 1, 0, 3, finished=[("c", 3)]),  # relaunch, step 2
+        server_row(30.0, 0.0, 1, 0, 3, drafts=1, accepted=2, finished=[("c", 3)]),  # relaunch, step 2
     ]
     (tmp_path / "server_timeline").mkdir()
     (tmp_path / "server_timeline" / "engine-h-1-0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -119,9 +119,9 @@ def test_server_rows_are_assigned_to_steps_by_the_tracking_marks_and_validation_
     (tmp_path / STEP_MARKS).write_text("".join(json.dumps(m) + "\n" for m in marks))
     metrics = rollout_metrics_by_step(tmp_path, validated={0, 1}, tail_threshold=8)
     assert sorted(metrics) == [1, 2]
-    assert metrics[1]["rollout/throughput_tok_s"] == pytest.approx(8 / 0.5)
+    assert metrics[1]["rollout/throughput_tok_s"] == pytest.approx(7 / 0.5)
     assert metrics[1]["rollout/spec_accept_length"] == pytest.approx(1 + 3 / 2)
-    assert metrics[1]["rollout/tokens_per_request_step"] == pytest.approx(8 / 4)
+    assert metrics[1]["rollout/tokens_per_request_step"] == pytest.approx(7 / 4)
     assert "rollout/spec_accept_length" in metrics[2] and metrics[2]["rollout/tokens_per_request_step"] == 3.0
     assert sorted(p.name for p in (tmp_path / "timelines").iterdir()) == [
         "step000001_server0_round1.json",

@@ -4,8 +4,8 @@ and ``rollout/*`` metrics the local backend logs.
 In a server, vLLM's ``AsyncLLM`` loads ``vllm.stat_logger_plugins`` entry points and calls each logger's
 ``record`` once per engine step with the scheduler's and the step's stats. :class:`ServerTimelineLogger` is one:
 with ``SPEC_ROLLOUT_TIMELINE_DIR`` set (the veRL launcher sets it), it appends one row per engine step to
-``engine-<host>-<pid>-<engine>.jsonl`` there: wall time, active and stepping requests, tokens emitted, the
-step's speculative counts and the lengths of the requests it finished.
+``engine-<host>-<pid>-<engine>.jsonl`` there: wall time, active requests, tokens emitted, the step's
+speculative counts and the lengths of the requests it finished.
 
 Rows are assigned to training steps by time: the launcher notes when veRL's tracking file receives each step's
 metrics (:data:`STEP_MARKS`), so a step's rows lie between the previous mark and its own. Within that window a
@@ -61,7 +61,6 @@ class ServerTimelineLogger(_stat_logger_base()):
                 # a step's duration: time since the previous step of the same rollout (0 for a rollout's first)
                 "dt": t - self.last_t if self.busy and self.last_t is not None else 0.0,
                 "active": running + waiting + len(finished),
-                "stepped": running + len(finished),
                 "tokens": int(iteration_stats.num_generation_tokens),
                 "drafts": int(spec.num_drafts) if spec else 0,
                 "draft_tokens": int(spec.num_draft_tokens) if spec else 0,
@@ -118,12 +117,13 @@ def to_timeline(rows: list[dict]) -> RolloutTimeline:
                 r["t"] - r["dt"] - start,
                 r["dt"],
                 r["active"],
-                r["stepped"],
+                # requests that emitted tokens: each emits one plus the drafts it had accepted
+                r["tokens"] - r["accepted_tokens"],
                 r["tokens"],
                 r["drafts"],
                 r["draft_tokens"],
                 r["accepted_tokens"],
-            )  # fmt: skip
+            )
         )
         for rid, length in r["finished"]:
             tl.finish(rid, length, r["t"] - start)

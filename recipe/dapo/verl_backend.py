@@ -35,6 +35,7 @@ from recipe.dapo.config import ConfigError
 from recipe.dapo.report import plot_run
 from recipe.dapo.server_timeline import STEP_MARKS, TIMELINE_DIR_ENV, rollout_metrics_by_step
 from recipe.engine import spec_from_config
+from recipe.verl_cpu import PLATFORM_ENV, PLATFORM_NAME
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 REWARD_FUNCTION = REPO_ROOT / "recipe" / "dapo" / "batch.py"  # compute_score: veRL's math_dapo scorer
@@ -235,14 +236,20 @@ def resolve_device(requested: str) -> str:
     return "cpu"
 
 
-# Measured on a 2-core CPU (../shared/DESIGN.md, results/verl/): one replica about 7.1 GiB PSS, each more ~3.3.
+# One replica peaked at 7.5-7.7 GiB PSS (results/verl/backends.md); a second adds about 3.3 GiB (../shared/DESIGN.md,
+# two replicas 10.4 GiB; not re-measured by this project).
 CPU_GIB_FIRST_REPLICA = 7.5
 CPU_GIB_PER_EXTRA_REPLICA = 3.5
 
 
+def cpu_replicas(cfg: DictConfig) -> int:
+    """vLLM servers of a CPU run: one per logical GPU (tensor parallelism 1)."""
+    return int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node)
+
+
 def cpu_overrides(cfg: DictConfig) -> dict[str, object]:
     """What veRL's trainer needs on a machine without accelerators (each setting checked necessary there)."""
-    replicas = int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node)
+    replicas = cpu_replicas(cfg)
     return {
         "actor_rollout_ref.model.use_remove_padding": False,  # the packed path needs flash-attn
         "+actor_rollout_ref.model.override_config.attn_implementation": "sdpa",
@@ -277,7 +284,7 @@ def preflight_cpu(cfg: DictConfig) -> None:
             f"actor_rollout_ref.actor.strategy: backend=verl on the CPU runs fsdp2 only "
             f"(got {cfg.actor_rollout_ref.actor.strategy!r}; FSDP1 refuses CPU parameters)"
         )
-    replicas = int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node)
+    replicas = cpu_replicas(cfg)
     need = CPU_GIB_FIRST_REPLICA + CPU_GIB_PER_EXTRA_REPLICA * (replicas - 1)
     have = psutil.virtual_memory().available / 2**30
     if have < need:
@@ -292,8 +299,7 @@ def launch_env(device: str, out_dir: Path) -> dict[str, str]:
     logger writing next to the run (one file per launch; :func:`collect_metrics` merges them)."""
     env = dict(os.environ)
     if device == "cpu":
-        env["VERL_PLATFORM"] = "cpu"
-        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        env[PLATFORM_ENV] = PLATFORM_NAME  # the platform gives the vLLM servers their CPU settings
     start = latest_step(out_dir)
     env["VERL_FILE_LOGGER_PATH"] = str(out_dir / f"{TRACKING_PREFIX}{start}.jsonl")
     env[TIMELINE_DIR_ENV] = str(out_dir / "server_timeline")
@@ -432,7 +438,7 @@ def run_verl(cfg: DictConfig, model: str, train: str, val: str) -> DictConfig | 
     verl_cfg = compose_verl_config(overrides)
     command = launch_command(overrides)
     (out_dir / "verl_config.yaml").write_text(OmegaConf.to_yaml(verl_cfg))
-    prefix = "VERL_PLATFORM=cpu " if device == "cpu" else ""
+    prefix = f"{PLATFORM_ENV}={PLATFORM_NAME} " if device == "cpu" else ""
     (out_dir / "verl_launch.sh").write_text(
         "#!/usr/bin/env bash\nset -euo pipefail\n" + prefix + shlex.join(command) + "\n"
     )
