@@ -236,7 +236,7 @@ def resolve_device(requested: str) -> str:
     return "cpu"
 
 
-# One replica peaked at 7.5-7.7 GiB PSS (results/verl/backends.md); a second adds about 3.3 GiB (../shared/DESIGN.md,
+# One replica peaked at 7.5-7.6 GiB PSS (results/verl/backends.md); a second adds about 3.3 GiB (../shared/DESIGN.md,
 # two replicas 10.4 GiB; not re-measured by this project).
 CPU_GIB_FIRST_REPLICA = 7.5
 CPU_GIB_PER_EXTRA_REPLICA = 3.5
