@@ -72,6 +72,8 @@ class EngineOptions:
     dtype: str = "bfloat16"
     enforce_eager: bool = True
     seed: int = 0
+    kv_cache_blocks: int | None = None  # vLLM's num_gpu_blocks_override (None: sized from memory); a small cache
+    # makes vLLM preempt requests, as a busy GPU rollout does
 
 
 def make_llm(
@@ -104,6 +106,7 @@ def make_llm(
         seed=options.seed,
         disable_log_stats=False,
         enable_prefix_caching=False,
+        num_gpu_blocks_override=options.kv_cache_blocks,
     )
     if spec is not None:
         kwargs["speculative_config"] = spec

@@ -233,29 +233,6 @@ def _bind(states_l, edges_l, table_l, text_l, meta_l, slot, states, edges, table
 
 
 @nb.njit(cache=True)
-def verify_rows(text_l, meta_l, guess, before, token_ids, tail, claimed, stamp, ok) -> None:
-    """``ok[r]``: slot ``guess[r]`` holds exactly ``before[r]`` tokens ending like row ``r`` of ``token_ids``
-    (and no earlier row of this step claimed it)."""
-    for r in range(guess.shape[0]):
-        ok[r] = False
-        s = guess[r]
-        if s < 0 or s >= len(meta_l) or claimed[s] == stamp:
-            continue
-        n = meta_l[s][TEXT_LEN]
-        if n != before[r]:
-            continue
-        text = text_l[s]
-        same = True
-        for i in range(max(0, n - tail), n):
-            if text[i] != token_ids[r, i]:
-                same = False
-                break
-        if same:
-            ok[r] = True
-            claimed[s] = stamp
-
-
-@nb.njit(cache=True)
 def rows_short_of_room(text_l, meta_l, slots, tok_off, short) -> int:
     """Flag rows whose automaton has no room for this step's tokens; returns how many."""
     count = 0

@@ -93,6 +93,8 @@ def step_cost(context: int, batch: int, steps: int, rng: np.random.Generator) ->
         lengths[i] = context
     cfg = vllm_config(max_len, batch)
     sam = SAMProposer(cfg)
+    ids = [f"req-{i}" for i in range(batch)]  # what vLLM's model runner tells SAM about each row
+    sam.attach_runner(SimpleNamespace(input_batch=SimpleNamespace(req_ids=ids), requests=dict.fromkeys(ids)))
     ngram = NgramProposer(cfg)
     # warm SAM's automata with each row's context (what a request's prefill + earlier steps did)
     t0 = time.perf_counter()

@@ -1,5 +1,7 @@
-"""SAMProposer driven the way vLLM drives a custom_class proposer: one row per running request, no request
-ids, rows reordered and condensed between steps, several verified tokens per step."""
+"""SAMProposer driven the way vLLM drives a custom_class proposer: one row per scheduled request, rows reordered
+and condensed between steps, several verified tokens per step, requests preempted (unscheduled for a while,
+still unfinished) and resumed. The request ids come from the model runner, as in vLLM: ``input_batch.req_ids``
+in row order and ``requests`` holding every unfinished request."""
 
 from types import SimpleNamespace
 
@@ -23,28 +25,41 @@ def make_proposer(**sam_options) -> SAMProposer:
 
 
 class Driver:
-    """Feeds requests to the proposer as vLLM's input batch would, shuffling rows every step."""
+    """Feeds requests to the proposer as vLLM's model runner would: rows shuffled every step, and with
+    ``preempt`` > 0 each unfinished request sits out a step with that probability (preempted, not finished)."""
 
-    def __init__(self, proposer: SAMProposer, requests: dict[str, tuple[list[int], list[int]]], seed: int = 0):
+    def __init__(
+        self,
+        proposer: SAMProposer,
+        requests: dict[str, tuple[list[int], list[int]]],
+        seed: int = 0,
+        preempt: float = 0.0,
+    ):
         self.p = proposer
         self.requests = requests  # id -> (prompt, full response)
         self.emitted = {r: 0 for r in requests}
-        self.rows = list(requests)
+        self.unfinished = list(requests)
+        self.rows: list[str] = list(requests)
+        self.preempt = preempt
+        self.preemptions = 0
         self.rng = np.random.default_rng(seed)
         self.token_ids = np.zeros((64, 4096), dtype=np.int32)
         self.num_tokens = np.zeros(64, dtype=np.int32)
-        self.first = True
+        self.runner = SimpleNamespace(input_batch=SimpleNamespace(req_ids=[]), requests={})
+        proposer.attach_runner(self.runner)
 
     def text(self, rid: str) -> list[int]:
         prompt, response = self.requests[rid]
         return prompt + response[: self.emitted[rid]]
 
     def step(self) -> dict[str, list[int]]:
+        self.rows = [r for r in self.unfinished if self.rng.random() >= self.preempt or self.emitted[r] == 0]
+        self.preemptions += len(self.unfinished) - len(self.rows)
         self.rng.shuffle(self.rows)
         sampled = []
         for i, rid in enumerate(self.rows):
             prompt, response = self.requests[rid]
-            take = 1 if self.first else int(self.rng.integers(1, K + 2))
+            take = 1 if self.emitted[rid] == 0 else int(self.rng.integers(1, K + 2))
             take = min(take, len(response) - self.emitted[rid])
             sampled.append(response[self.emitted[rid] : self.emitted[rid] + take])
             self.emitted[rid] += take
@@ -52,13 +67,22 @@ class Driver:
             self.token_ids[i, : len(t)] = t
             self.token_ids[i, len(t) : len(t) + 8] = 99999  # stale speculative slots beyond the valid length
             self.num_tokens[i] = len(t)
-        self.first = False
+        self.runner.input_batch.req_ids = list(self.rows)
+        self.runner.requests = {rid: None for rid in self.unfinished}
         drafts = self.p.propose(sampled, self.num_tokens, self.token_ids)
         assert len(drafts) == len(self.rows)
-        self.last_rows = list(self.rows)
         out = dict(zip(self.rows, drafts, strict=True))
-        self.rows = [r for r in self.rows if self.emitted[r] < len(self.requests[r][1])]  # finished rows leave
+        # finished requests leave the runner's requests at the next step, as vLLM's scheduler reports them
+        self.unfinished = [r for r in self.unfinished if self.emitted[r] < len(self.requests[r][1])]
         return out
+
+    def run(self) -> list[dict[str, list[int]]]:
+        """Steps until every request finished, then one empty step (vLLM's next step reports the finishes)."""
+        steps = []
+        while self.unfinished:
+            steps.append(self.step())
+        self.step()
+        return steps
 
 
 def random_requests(rng, n: int, prompts: int = 3, max_len: int = 80) -> dict[str, tuple[list[int], list[int]]]:
@@ -73,26 +97,28 @@ def random_requests(rng, n: int, prompts: int = 3, max_len: int = 80) -> dict[st
     return reqs
 
 
-@pytest.mark.parametrize("max_len", [80, 900])  # 900: automata outgrow their arrays mid-rollout
-def test_rows_are_tracked_through_reordering_and_only_verified_tokens_enter(max_len):
+@pytest.mark.parametrize(
+    ("max_len", "preempt"), [(80, 0.0), (900, 0.0), (80, 0.3)]
+)  # 900: automata outgrow their arrays mid-rollout
+def test_requests_are_tracked_through_reordering_and_preemption_and_only_verified_tokens_enter(max_len, preempt):
     rng = np.random.default_rng(0)
     opts = {"group_sharing": False, "cross_epoch": False, "batch_threshold": 100, "min_match": 1}
     proposer = make_proposer(**opts)
-    drv = Driver(proposer, random_requests(rng, 12, max_len=max_len))
-    while drv.rows:
-        rows_before = list(drv.rows)
+    drv = Driver(proposer, random_requests(rng, 12, max_len=max_len), preempt=preempt)
+    while drv.unfinished:
+        unfinished = list(drv.unfinished)
         drafts = drv.step()
-        for rid in rows_before:
+        for rid in drv.rows:
             text = drv.text(rid)
             ref = SuffixAutomaton()
             ref.extend(text)
             expected = ref.draft(SAMOptions.from_dict(opts).draft_length(ref.match_length, K), 1)
             assert drafts[rid] == expected, rid
-        assert proposer.num_requests == len(rows_before)  # one drafter per running request
-        assert len(set(proposer.row_slots.tolist())) == len(rows_before)
-        for i, rid in enumerate(drv.last_rows):
-            assert proposer.request_text(i).tolist() == drv.text(rid)
-    drv.step() if drv.rows else proposer.propose([], drv.num_tokens, drv.token_ids)
+        assert proposer.num_requests == len(unfinished)  # one drafter per unfinished request, preempted included
+        for rid in unfinished:
+            assert proposer.request_text(rid).tolist() == drv.text(rid)
+    assert (drv.preemptions > 20) == (preempt > 0)
+    drv.step()
     assert proposer.num_requests == 0  # finished requests are freed
     assert proposer.drafter.groups.groups == {}
     assert proposer.drafter.pool.live() == 0  # and so are their automata
@@ -103,8 +129,8 @@ def test_batch_size_gate_turns_drafting_on_in_the_tail():
     proposer = make_proposer(batch_threshold=3, group_sharing=False, cross_epoch=False, min_match=1)
     drv = Driver(proposer, random_requests(rng, 10))
     saw_gated = saw_drafts = False
-    while drv.rows:
-        active = len(drv.rows)
+    while drv.unfinished:
+        active = len(drv.unfinished)
         drafts = drv.step()
         if active > 3:
             assert all(d == [] for d in drafts.values())
@@ -122,21 +148,21 @@ def test_siblings_draft_from_finished_siblings_and_history_across_rollouts():
     # rollout 1: sibling a writes the answer straight away; b writes filler first, then the same answer
     drv = Driver(proposer, {"a": (prompt, answer), "b": (prompt, filler + answer)})
     correct_from_sibling = 0
-    while drv.rows:
-        a_done = "a" not in drv.rows
+    while drv.unfinished:
+        a_done = "a" not in drv.unfinished
         drafts = drv.step()
         if a_done and "b" in drafts and drafts["b"]:
             upcoming = drv.requests["b"][1][drv.emitted["b"] :]
             assert drafts["b"] == upcoming[: len(drafts["b"])]  # b has no earlier copy of it: from a
             correct_from_sibling += 1
     assert correct_from_sibling >= 3
-    proposer.propose([], drv.num_tokens, drv.token_ids)
+    drv.step()
     group = next(iter(proposer.drafter.groups.groups.values()))
     assert group.active == 0 and group.history.num_tokens > 2 * len(answer)
     # rollout 2 (next epoch): a new sample of the same prompt drafts from history right away
     drv2 = Driver(proposer, {"c": (prompt, answer)}, seed=5)
     drafted = 0
-    while drv2.rows:
+    while drv2.unfinished:
         d = drv2.step().get("c", [])
         upcoming = answer[drv2.emitted["c"] :]
         assert d == upcoming[: len(d)]
@@ -149,10 +175,7 @@ def test_a_new_request_drafts_its_siblings_opening_from_its_first_step_and_after
     answer = list(range(10, 40))
     opts = {"batch_threshold": 100, "min_match": 3, "group_sharing": True, "cross_epoch": True}
     proposer = make_proposer(**opts)
-    drv = Driver(proposer, {"a": (prompt, answer)})
-    while drv.rows:
-        drv.step()
-    proposer.propose([], drv.num_tokens, drv.token_ids)  # a finished: its response is the prompt's history
+    Driver(proposer, {"a": (prompt, answer)}).run()  # a finished: its response is the prompt's history
     restored = make_proposer(**opts)
     restored.load_state_dict(proposer.state_dict())  # what a trainer checkpoint keeps
     for p in (proposer, restored):
@@ -169,17 +192,14 @@ def test_a_checkpoint_between_rollouts_resumes_the_drafts_of_an_uninterrupted_ru
     uninterrupted, checkpointed = make_proposer(**opts), make_proposer(**opts)
     for proposer in (uninterrupted, checkpointed):
         drv = Driver(proposer, rollout)
-        while drv.rows:
+        while drv.unfinished:
             drv.step()
     assert uninterrupted.num_requests > 0  # the last step's requests: not known to have finished yet
     resumed = make_proposer(**opts)
     resumed.load_state_dict(checkpointed.state_dict())
     drafts = []
     for proposer in (uninterrupted, checkpointed, resumed):
-        drv, steps = Driver(proposer, next_epoch, seed=7), []
-        while drv.rows:
-            steps.append(drv.step())
-        drafts.append(steps)
+        drafts.append(Driver(proposer, next_epoch, seed=7).run())
     assert drafts[0] == drafts[1] == drafts[2]
     assert sum(len(d) for step in drafts[0] for d in step.values()) > 20
 
@@ -189,10 +209,7 @@ def test_sharing_switches_are_separate():
     answer = list(range(10, 40))
     for sharing, history in ((False, True), (True, False)):
         proposer = make_proposer(batch_threshold=100, min_match=2, group_sharing=sharing, cross_epoch=history)
-        drv = Driver(proposer, {"a": (prompt, answer)})
-        while drv.rows:
-            drv.step()
-        proposer.propose([], drv.num_tokens, drv.token_ids)
+        Driver(proposer, {"a": (prompt, answer)}).run()
         if history:
             assert next(iter(proposer.drafter.groups.groups.values())).history.num_tokens > 0
         else:
@@ -211,10 +228,20 @@ def test_bad_options_are_named():
 def test_history_is_bounded_by_max_groups_and_evicted_memory_is_freed():
     proposer = make_proposer(batch_threshold=100, min_match=2, group_sharing=True, cross_epoch=True, max_groups=2)
     for p in range(4):  # four prompts, one after the other: the two least recently used are dropped
-        drv = Driver(proposer, {f"r{p}": ([1, 2, 3 + p], list(range(10, 40)))}, seed=p)
-        while drv.rows:
-            drv.step()
-        proposer.propose([], drv.num_tokens, drv.token_ids)
+        Driver(proposer, {f"r{p}": ([1, 2, 3 + p], list(range(10, 40)))}, seed=p).run()
     groups = proposer.drafter.groups.groups
     assert len(groups) == 2
     assert proposer.drafter.pool.live() == 2 * len(groups)  # siblings + history automaton per kept group
+
+
+def test_a_preempted_request_is_filed_once_with_its_whole_response():
+    """Under preemption (KV cache full) a request leaves the batch for a while: its prompt's group must get
+    its response once, whole, when it finishes, and never a partial copy when it leaves."""
+    opts = {"batch_threshold": 100, "min_match": 2, "group_sharing": True, "cross_epoch": True}
+    rollout = random_requests(np.random.default_rng(4), 8, prompts=2)
+    proposer = make_proposer(**opts)
+    drv = Driver(proposer, rollout, preempt=0.3)
+    drv.run()
+    assert drv.preemptions > 10 and proposer.preempted_steps == drv.preemptions
+    filed = sorted(r.tolist() for g in proposer.drafter.groups.groups.values() for r in g.history.responses)
+    assert filed == sorted(response for _prompt, response in rollout.values())

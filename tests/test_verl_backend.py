@@ -94,6 +94,7 @@ def test_spec_mappings_are_exactly_the_expected_verl_keys():
         f"{mtp}.mtp_loss_scaling_factor": 0.2,
         f"{mtp}.method": "mtp",
         f"{mtp}.num_speculative_tokens": 1,
+        "actor_rollout_ref.rollout.load_format": "auto",
     }
 
 
@@ -122,11 +123,17 @@ def test_online_mtp_on_fsdp_is_refused_by_key():
         check_mapping(recipe_config("spec=mtp", "spec.mtp.train=online"))
 
 
+DAPO_CLUSTER_BATCH = (  # veRL's DAPO recipe: 512 prompts x 16 responses a step, mini-batches of 32 prompts
+    "data.train_batch_size=512", "data.gen_batch_size=1536", "actor_rollout_ref.rollout.n=16",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=32",
+)  # fmt: skip
+
+
 def test_dry_run_prints_and_saves_the_verl_config_and_job(inputs, tmp_path):
     out = tmp_path / "run"
     proc = subprocess.run(
         [sys.executable, "-m", "recipe.dapo", *inputs, "backend=verl", "trainer.dry_run=true", "trainer.device=cuda",
-         f"trainer.default_local_dir={out}", "trainer.nnodes=2", "trainer.n_gpus_per_node=8"],
+         f"trainer.default_local_dir={out}", "trainer.nnodes=2", "trainer.n_gpus_per_node=8", *DAPO_CLUSTER_BATCH],
         cwd=REPO, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -145,9 +152,10 @@ def test_cpu_start_names_too_little_memory_before_any_process_starts(inputs, tmp
     from recipe.dapo.verl_backend import BackendUnavailableError
 
     cfg = recipe_config(
-        *inputs, "trainer.device=cpu", "trainer.n_gpus_per_node=64", f"trainer.default_local_dir={tmp_path}"
-    )
-    with pytest.raises(BackendUnavailableError, match=r"64 replica\(s\) needs about 228\.0 GiB"):
+        *inputs, "trainer.device=cpu", "trainer.n_gpus_per_node=16", *DAPO_CLUSTER_BATCH,
+        f"trainer.default_local_dir={tmp_path}",
+    )  # fmt: skip
+    with pytest.raises(BackendUnavailableError, match=r"16 replica\(s\) needs about 60\.0 GiB"):
         run(cfg)
     assert not (tmp_path / "verl_job.id").exists()  # nothing was started
 
@@ -166,3 +174,54 @@ def test_shell_scripts_parse_and_pass_shellcheck(script):
     shellcheck = shutil.which("shellcheck") or str(Path(sys.executable).parent / "shellcheck")
     proc = subprocess.run([shellcheck, "-x", str(script)], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout
+
+
+LAUNCHER = """
+import os
+import sys
+from pathlib import Path
+from recipe.dapo.verl_backend import run_job
+out = Path(sys.argv[1])
+# the job: a process with a child of its own, as veRL's driver has Ray daemons and workers
+job = [sys.executable, "-c", "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); time.sleep(600)"]
+run_job(job, {**os.environ, "VERL_FILE_LOGGER_PATH": str(out / "tracking.jsonl")}, out / "verl_job.id")
+"""
+
+
+def test_sigterm_to_the_launcher_ends_the_whole_job(tmp_path):
+    """Slurm cancels a job (scancel, time limit) with SIGTERM: the launcher must take its job down with it."""
+    import os
+    import signal
+    import time
+    import uuid
+
+    from recipe.dapo.verl_backend import JOB_ENV, job_processes
+
+    job_id = f"test-{uuid.uuid4().hex}"
+    env = {**os.environ, JOB_ENV: job_id}
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(tmp_path)], cwd=REPO, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while len(job_processes(job_id)) < 3 and time.monotonic() < deadline:  # launcher, job, its child
+            time.sleep(0.2)
+        assert len(job_processes(job_id)) >= 3 and (tmp_path / "verl_job.id").is_file()
+        launcher.send_signal(signal.SIGTERM)
+        assert launcher.wait(timeout=60) == 128 + signal.SIGTERM
+        assert not job_processes(job_id)
+        assert not (tmp_path / "verl_job.id").exists()
+    finally:
+        for proc in job_processes(job_id):
+            proc.kill()
+
+
+def test_a_mini_batch_that_does_not_split_over_the_ranks_is_named_before_anything_starts():
+    from recipe.dapo.verl_backend import check_mapping
+
+    two_ranks = (
+        "trainer.n_gpus_per_node=2",
+        "actor_rollout_ref.rollout.n=8",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+    )
+    check_mapping(recipe_config(*two_ranks, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4"))  # 8 per rank
+    with pytest.raises(ConfigError, match=r"^actor_rollout_ref\.actor\.ppo_micro_batch_size_per_gpu: .* 8 per rank"):
+        check_mapping(recipe_config(*two_ranks, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16"))

@@ -1,8 +1,12 @@
 """backend=verl for real: ``python -m recipe.dapo backend=verl`` runs veRL 0.9.1's own Ray trainer on this CPU
-(FSDP2 actor, a vLLM server, TransferQueue, the dapo reward manager, dynamic filtering) with SAM drafting inside
-the server, validation and checkpoints; the launcher is then killed with SIGKILL and a relaunch resumes from
-the saved step. Every process of both launches and every /dev/shm file they made are gone at the end, also
-when an assertion fails."""
+(FSDP2 actor, vLLM servers, TransferQueue, the dapo reward manager, dynamic filtering).
+- SAM drafting inside the server, validation and checkpoints; the launcher is then killed with SIGKILL and a
+  relaunch resumes from the saved step.
+- Two replicas with MTP: the prompt-affinity router keeps each prompt on one server, and the MTP head drafts
+  with the checkpoint's weights (as well as on the local backend, far above the chance level of a random head).
+- spec=off: one step, no drafts in the servers' timeline.
+Every process of the launches and every /dev/shm file they made are gone at the end, also when an assertion
+fails."""
 
 from __future__ import annotations
 
@@ -25,18 +29,20 @@ MAX_RESPONSE = 128
 STEPS = 3
 
 
-def launch_args(model: Path, out: Path, *extra: str) -> list[str]:
+def launch_args(model: Path, out: Path, *extra: str, backend: str = "verl", spec: str = "sam") -> list[str]:
     data = model.parent / "data"
     return [
-        sys.executable, "-m", "recipe.dapo", "backend=verl", "trainer.device=cpu", "spec=sam",
+        sys.executable, "-m", "recipe.dapo", f"backend={backend}", "trainer.device=cpu", f"spec={spec}",
         f"actor_rollout_ref.model.path={model}", f"data.train_files={data / 'train.parquet'}",
         f"data.val_files={data / 'test.parquet'}", "data.val_max_samples=8",
         "data.train_batch_size=2", "data.gen_batch_size=2", "actor_rollout_ref.rollout.n=4",
         f"data.max_response_length={MAX_RESPONSE}", "reward_model.overlong_buffer.len=32",
         "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
-        f"trainer.total_training_steps={STEPS}", "trainer.save_freq=1", f"trainer.test_freq={STEPS}",
         f"trainer.default_local_dir={out}", *extra,
     ]  # fmt: skip
+
+
+SAVED_AND_VALIDATED = (f"trainer.total_training_steps={STEPS}", "trainer.save_freq=1", f"trainer.test_freq={STEPS}")
 
 
 def wait_for_checkpoint(proc: subprocess.Popen, out: Path, step: int, timeout_s: float) -> None:
@@ -61,7 +67,7 @@ def test_verl_trainer_runs_dapo_with_sam_and_resumes_after_kill_9(harness_model,
     log = (tmp_path / "launch1.log").open("w")
     try:
         first = subprocess.Popen(
-            launch_args(harness_model, out), cwd=REPO, env={**os.environ, JOB_ENV: first_job},
+            launch_args(harness_model, out, *SAVED_AND_VALIDATED), cwd=REPO, env={**os.environ, JOB_ENV: first_job},
             stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
         wait_for_checkpoint(first, out, 1, timeout_s=900)
@@ -69,7 +75,9 @@ def test_verl_trainer_runs_dapo_with_sam_and_resumes_after_kill_9(harness_model,
         first.wait()
         assert job_processes(first_job), "the killed launcher's job should still be running (it has no finally)"
 
-        second = subprocess.run(launch_args(harness_model, out), cwd=REPO, capture_output=True, text=True, timeout=900)
+        second = subprocess.run(
+            launch_args(harness_model, out, *SAVED_AND_VALIDATED), cwd=REPO, capture_output=True, text=True, timeout=900
+        )
         assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
         assert not job_processes(first_job), "the relaunch should have ended the killed launcher's job"
 
@@ -95,3 +103,72 @@ def test_verl_trainer_runs_dapo_with_sam_and_resumes_after_kill_9(harness_model,
         cleanup_job(first_job, shm_before)
     leftover = _shm_entries() - shm_before
     assert not leftover, f"/dev/shm entries left by the runs: {sorted(leftover)}"
+
+
+def mean_acceptance(out: Path) -> float:
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rates = [row["rollout/spec_draft_acceptance_rate"] for row in rows if "rollout/spec_draft_acceptance_rate" in row]
+    assert rates, f"no step of {out} logged an acceptance rate"
+    return sum(rates) / len(rates)
+
+
+@pytest.mark.slow
+def test_two_replicas_keep_each_prompt_on_one_server_and_mtp_drafts_with_the_checkpoint_head(harness_model, tmp_path):
+    job = f"test-{uuid.uuid4().hex}"
+    shm_before = _shm_entries()
+    short = ("spec.mtp.train=frozen", "trainer.total_training_steps=2", "trainer.save_freq=-1",
+             "trainer.test_freq=-1", "trainer.val_before_train=false")  # fmt: skip
+    try:
+        out = tmp_path / "verl"
+        args = launch_args(harness_model, out, *short, "trainer.n_gpus_per_node=2", spec="mtp")
+        run = subprocess.run(
+            args, cwd=REPO, env={**os.environ, JOB_ENV: job}, capture_output=True, text=True, timeout=900
+        )
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+
+        # every request of a prompt (its samples, every refill round, both steps) went to one server, both served
+        routes = [json.loads(line) for line in (out / "server_timeline" / "routing.jsonl").read_text().splitlines()]
+        servers_of: dict[str, set] = {}
+        for r in routes:
+            servers_of.setdefault(r["prompt"], set()).add(r["server"])
+        assert all(len(s) == 1 for s in servers_of.values()), servers_of
+        per_server = sorted(sum(r["server"] == s for r in routes) for s in {r["server"] for r in routes})
+        # and the servers' own timelines finished exactly those requests, one engine file per server
+        finished = sorted(
+            sum(len(json.loads(line)["finished"]) for line in p.read_text().splitlines())
+            for p in (out / "server_timeline").glob("engine-*.jsonl")
+        )
+        assert len(per_server) == 2 and finished == per_server
+
+        # the MTP head drafts with the checkpoint's weights on both servers: as well as the local engine does
+        # (a random head, what veRL's dummy load left before, accepts 0.7% of drafts)
+        local = tmp_path / "local"
+        ran = subprocess.run(launch_args(harness_model, local, *short, backend="local", spec="mtp"), cwd=REPO,
+                             capture_output=True, text=True, timeout=600)  # fmt: skip
+        assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
+        verl_rate, local_rate = mean_acceptance(out), mean_acceptance(local)
+        assert local_rate > 0.15 and 0.5 * local_rate < verl_rate < 2.0 * local_rate, (verl_rate, local_rate)
+    finally:
+        cleanup_job(job, shm_before)
+    leftover = _shm_entries() - shm_before
+    assert not leftover, f"/dev/shm entries left by the run: {sorted(leftover)}"
+
+
+@pytest.mark.slow
+def test_spec_off_runs_with_no_drafts_in_the_servers_timeline(harness_model, tmp_path):
+    job = f"test-{uuid.uuid4().hex}"
+    shm_before = _shm_entries()
+    out = tmp_path / "off"
+    short = ("trainer.total_training_steps=1", "trainer.save_freq=-1", "trainer.test_freq=-1",
+             "trainer.val_before_train=false")  # fmt: skip
+    try:
+        run = subprocess.run(launch_args(harness_model, out, *short, spec="off"), cwd=REPO,
+                             env={**os.environ, JOB_ENV: job}, capture_output=True, text=True, timeout=900)  # fmt: skip
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+        (row,) = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        assert row["rollout/throughput_tok_s"] > 0 and row["response_length/mean"] < MAX_RESPONSE
+        assert row["rollout/tokens_per_request_step"] == 1.0  # one token per request per engine step
+        assert row["rollout/spec_accept_length"] == 1.0 and row["rollout/spec_draft_acceptance_rate"] == 0.0
+    finally:
+        cleanup_job(job, shm_before)
+    assert not _shm_entries() - shm_before

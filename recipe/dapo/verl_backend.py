@@ -8,7 +8,10 @@ the installed wheel, so a key veRL does not know fails here, not on the cluster)
   function;
 - SAM / ngram: ``actor_rollout_ref.rollout.engine_kwargs.vllm.speculative_config`` (SAM as vLLM's
   ``custom_class`` proposer ``sam.vllm.SAMProposer``, its options in ``engine_kwargs.vllm.additional_config``);
-- MTP: ``actor_rollout_ref.model.mtp.*`` (rollout drafting; online training needs the Megatron actor).
+- MTP: ``actor_rollout_ref.model.mtp.*`` (rollout drafting; online training needs the Megatron actor), the
+  servers loading the checkpoint's MTP layer (``rollout.load_format=auto``: FSDP weight sync carries the trunk);
+- several replicas: ``rollout.router_config_path`` names the prompt-affinity router (routing.py), so a prompt's
+  samples and epochs meet in one server's SAM.
 
 ``trainer.dry_run=true`` prints the composed veRL config and the command of the Ray job, and writes both
 next to the run, without starting anything. A real start checks what the device needs first (on the CPU:
@@ -23,8 +26,10 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -82,6 +87,10 @@ def spec_overrides(spec: DictConfig) -> dict[str, object]:
         "actor_rollout_ref.model.mtp.mtp_loss_scaling_factor": float(spec.mtp.loss_scaling_factor),
         "actor_rollout_ref.model.mtp.method": "mtp",
         "actor_rollout_ref.model.mtp.num_speculative_tokens": k,
+        # the servers load the checkpoint's weights, MTP layer included: veRL's FSDP actor holds the trunk only
+        # (Qwen2ForCausalLM drops model.mtp_layers.*), so weight sync refreshes the trunk and never the head,
+        # which with veRL's default "dummy" load stays random and drafts at chance
+        "actor_rollout_ref.rollout.load_format": "auto",
     }
 
 
@@ -133,6 +142,9 @@ def verl_overrides(cfg: DictConfig, model: str, train: str, val: str, device: st
         "actor_rollout_ref.rollout.enforce_eager": bool(ro.enforce_eager),
         "actor_rollout_ref.rollout.free_cache_engine": bool(ro.free_cache_engine),
         "actor_rollout_ref.rollout.seed": int(tr.seed),
+        "actor_rollout_ref.rollout.router_config_path": (
+            str(REPO_ROOT / ro.router_config_path) if ro.router_config_path else None
+        ),
         "actor_rollout_ref.rollout.disable_log_stats": False,  # the servers' stat loggers record the timeline
         "algorithm.adv_estimator": str(algo.adv_estimator),
         "algorithm.norm_adv_by_std_in_grpo": bool(algo.norm_adv_by_std_in_grpo),
@@ -180,6 +192,14 @@ def check_mapping(cfg: DictConfig) -> None:
         raise ConfigError(
             "spec.mtp.train: online MTP training on backend=verl needs the Megatron actor "
             "(actor_rollout_ref.actor.strategy=megatron); veRL's FSDP actor only drafts with the MTP head"
+        )
+    actor, ranks = cfg.actor_rollout_ref.actor, int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node)
+    per_rank = int(actor.ppo_mini_batch_size) * int(cfg.actor_rollout_ref.rollout.n) / ranks
+    if per_rank != int(per_rank) or int(per_rank) % int(actor.ppo_micro_batch_size_per_gpu):
+        raise ConfigError(
+            f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu: a mini-batch of {actor.ppo_mini_batch_size} "
+            f"prompts x rollout.n={cfg.actor_rollout_ref.rollout.n} responses over {ranks} ranks is {per_rank:g} per "
+            f"rank, which veRL must split into micro-batches of {actor.ppo_micro_batch_size_per_gpu}"
         )
     fg = cfg.algorithm.filter_groups
     if fg.enable and fg.max_num_gen_batches > 0:
@@ -261,7 +281,8 @@ def cpu_overrides(cfg: DictConfig) -> dict[str, object]:
         "transfer_queue.backend.SimpleStorage.num_data_storage_units": 1,
         # veRL schedules on Ray's "GPU" resource: the CPU node declares one logical GPU per replica
         "+ray_kwargs.ray_init.num_gpus": replicas,
-        "ray_kwargs.ray_init.num_cpus": 3 + 2 * replicas,
+        # each replica's placement-group bundle takes 3 CPUs (veRL's max_colocate_count); 2 for the driver-side actors
+        "ray_kwargs.ray_init.num_cpus": 2 + 3 * replicas,
     }
 
 
@@ -358,15 +379,21 @@ def job_processes(job_id: str) -> list:
     return found
 
 
+def _exit_on_sigterm(signum: int, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
 def run_job(command: list[str], env: dict[str, str], job_file: Path) -> int:
-    """Run the Ray job and leave nothing behind: on any exit (also an exception or Ctrl-C here) every process
-    of the job is killed, Ray's daemons included (they start sessions of their own), and the /dev/shm files it
-    created are removed. The job's id and the /dev/shm entries before it are kept in ``job_file`` while it
-    runs, for :func:`end_stale_job`."""
+    """Run the Ray job and leave nothing behind: on any exit (also an exception, Ctrl-C, or SIGTERM, which is how
+    Slurm cancels a job or ends it at its time limit) every process of the job is killed, Ray's daemons included
+    (they start sessions of their own), and the /dev/shm files it created are removed. The job's id and the
+    /dev/shm entries before it are kept in ``job_file`` while it runs, for :func:`end_stale_job`."""
     job_id = env.get(JOB_ENV) or f"{os.getpid()}-{time.time_ns()}"
     env = {**env, JOB_ENV: job_id}
     shm_before = _shm_entries()
     job_file.write_text(json.dumps({"id": job_id, "shm_before": sorted(shm_before)}))
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm) if main_thread else None
     proc = subprocess.Popen(command, env=env, cwd=REPO_ROOT)
     try:
         mark_steps(proc, Path(env["VERL_FILE_LOGGER_PATH"]), job_file.parent / STEP_MARKS)
@@ -374,6 +401,8 @@ def run_job(command: list[str], env: dict[str, str], job_file: Path) -> int:
     finally:
         cleanup_job(job_id, shm_before)
         job_file.unlink(missing_ok=True)
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def mark_steps(proc: subprocess.Popen, tracking: Path, marks: Path, poll_s: float = 0.2) -> None:
