@@ -12,6 +12,10 @@ and :func:`roll_zigzag_local` finishes the roll on one rank from its shard and e
 past a sequence's real end read the zero padding, so the result equals the unsplit
 :func:`mtp.loss.roll_packed` (which zero-fills there) on every real position. Megatron's packed-sequence CP
 roll gets this wrong when ``cu_seqlens`` are not padded (Megatron PR #4494); the tests cover odd lengths.
+
+Who calls it: only tests/test_mtp.py. Neither of the recipe's actors runs context parallelism (the local torch
+actor; veRL's FSDP actor here); this module is the reference that an MTP roll under Megatron CP is checked
+against, and the code to port into a CP actor when one trains the head online.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mtp.convert import megatron_to_mimo, mimo_to_megatron, swap_halves
+from mtp.convert import megatron_to_mimo, mimo_to_megatron
 from mtp.cp import padded_cu_seqlens, roll_zigzag, zigzag_merge, zigzag_split
 from mtp.loss import masked_ce, mtp_targets, next_token_targets, roll_packed
 from mtp.model import MiMoConfig, MiMoForCausalLM
@@ -333,6 +333,26 @@ def test_cp_zigzag_roll_equals_the_unsplit_roll(cp, shift):
 
 
 @pytest.mark.parametrize("cp", [2, 4])
+def test_zigzag_rank_r_holds_chunks_r_and_2cp_minus_1_minus_r_of_every_sequence(cp):
+    """Oracle for the layout itself (a contiguous split, rank r holding chunks 2r and 2r+1, round-trips through
+    its own merge and roll and passes the tests above, but not this one)."""
+    lengths = [5, 16, 1]
+    cu = packed(lengths)
+    x = torch.arange(1, int(cu[-1]) + 1)
+    shards = zigzag_split(x, cu, cp)
+    for rank in range(cp):
+        expected = []
+        for j, n in enumerate(lengths):
+            seq = x[int(cu[j]) : int(cu[j + 1])].tolist()
+            padded_len = -(-n // (2 * cp)) * 2 * cp
+            seq += [0] * (padded_len - n)
+            size = padded_len // (2 * cp)
+            for chunk in (rank, 2 * cp - 1 - rank):
+                expected += seq[chunk * size : (chunk + 1) * size]
+        assert shards[rank].tolist() == expected, rank
+
+
+@pytest.mark.parametrize("cp", [2, 4])
 def test_cp_mtp_mask_and_targets_equal_unsplit(cp):
     lengths = [5, 11, 2]
     cu = packed(lengths)
@@ -396,4 +416,61 @@ def test_wrongly_ordered_head_has_much_higher_mtp_loss(harness_model):
     wrong = mtp_loss(naive)
     assert correct == pytest.approx(mtp_loss(original), abs=1e-6)
     assert wrong > correct + 1.0, (correct, wrong)
-    assert torch.equal(swap_halves(swap_halves(mc["mtp.layers.0.eh_proj.weight"])), mc["mtp.layers.0.eh_proj.weight"])
+
+
+def rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+@torch.no_grad()
+def test_converted_eh_proj_computes_megatrons_mtp_input_from_the_same_hidden_and_embedding():
+    """Oracle: Megatron's MTP layer projects ``eh_proj(cat([enorm(embedding), hnorm(hidden)]))``; with the
+    converted weights that must equal MiMo's ``input_proj(cat([hidden_layernorm(hidden), token_layernorm(e)]))``
+    (a converter that forgets the swap, or maps enorm/hnorm the wrong way, fails here)."""
+    model = tiny_model()
+    cfg = model.config
+    hf = model.state_dict()
+    gen = torch.Generator().manual_seed(3)
+    for name in ("token_layernorm", "hidden_layernorm"):  # distinct norms, so a swapped mapping shows
+        hf[f"model.mtp_layers.0.{name}.weight"] = torch.rand(cfg.hidden_size, generator=gen) + 0.5
+    mc = mimo_to_megatron(hf, cfg)
+    hidden, embedding = torch.randn(2, 5, cfg.hidden_size, generator=gen)
+    eps, pre = cfg.rms_norm_eps, "mtp.layers.0."
+    megatron = torch.cat(
+        [rms(embedding, mc[pre + "enorm.weight"], eps), rms(hidden, mc[pre + "hnorm.weight"], eps)], -1
+    )
+    megatron = megatron @ mc[pre + "eh_proj.weight"].T
+    layer = model.model.mtp_layers[0]
+    layer.load_state_dict({k.removeprefix("model.mtp_layers.0."): v for k, v in hf.items() if ".mtp_layers.0." in k})
+    mimo = layer.input_proj(torch.cat([layer.hidden_layernorm(hidden), layer.token_layernorm(embedding)], -1))
+    assert torch.allclose(megatron, mimo, atol=1e-5)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("part", ["weight", "bias"])
+def test_fused_qkv_reads_back_as_the_hf_projections_under_megatrons_grouped_split(part):
+    """Oracle: Megatron-core's attention views ``linear_qkv``'s output as [.., query groups, (heads per group + 2)
+    * head_dim] and splits each group into its query heads, key, value. The fused tensor must give back HF's
+    q/k/v projections that way under grouped-query attention (an ungrouped ``[q; k; v]`` fuse round-trips
+    through its own split but fails here)."""
+    model = tiny_model()
+    cfg = model.config
+    assert cfg.num_key_value_heads > 1 and cfg.num_attention_heads > cfg.num_key_value_heads
+    hf = model.state_dict()
+    if part == "bias":  # distinct biases, so a wrong order of the bias shows
+        gen = torch.Generator().manual_seed(4)
+        hf = {k: torch.randn(v.shape, generator=gen) if k.endswith("_proj.bias") else v for k, v in hf.items()}
+    mc = mimo_to_megatron(hf, cfg)
+    x = torch.randn(5, cfg.hidden_size)
+    pre, out_pre = "model.layers.0.self_attn.", "decoder.layers.0.self_attention.linear_qkv."
+    if part == "weight":
+        mixed = x @ mc[out_pre + "weight"].T
+        want = [x @ hf[f"{pre}{n}_proj.weight"].T for n in "qkv"]
+    else:
+        mixed = mc[out_pre + "bias"].expand(5, -1)
+        want = [hf[f"{pre}{n}_proj.bias"].expand(5, -1) for n in "qkv"]
+    groups, hd = cfg.num_key_value_heads, cfg.head_dim
+    per = cfg.num_attention_heads // groups
+    q, k, v = mixed.view(5, groups, (per + 2) * hd).split([per * hd, hd, hd], dim=-1)
+    for got, expected in zip((q, k, v), want, strict=True):
+        assert torch.allclose(got.reshape(5, -1), expected, atol=1e-5)
