@@ -45,3 +45,8 @@ def test_a_prompt_whose_server_left_moves_to_a_remaining_one_and_stays_there(rou
 def test_a_later_turn_of_a_request_stays_on_its_server(router):
     sid, _ = router.acquire_server("conversation", prompt_ids=[1, 2])
     assert router.acquire_server("conversation", prompt_ids=[1, 2, 30, 31, 2])[0] == sid
+
+
+def test_a_misspelled_router_key_is_named(router):
+    with pytest.raises(ValueError, match=r"unknown key\(s\) \['max_prompt'\]"):
+        type(router)({"a": "handle-a"}, {"router_class": "x", "max_prompt": 10})

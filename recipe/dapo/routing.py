@@ -32,6 +32,7 @@ from verl.workers.rollout.router import DEFAULT_ROUTING_CACHE_SIZE, GlobalReques
 from recipe.dapo.server_timeline import TIMELINE_DIR_ENV
 
 ROUTING_LOG = "routing.jsonl"
+CONFIG_KEYS = {"router_class", "max_prompts", "max_cache_size"}  # configs/router/prompt_affinity.yaml
 
 
 def prompt_key(prompt_ids: list[int]) -> str:
@@ -46,6 +47,9 @@ class PromptAffinityLoadBalancer(GlobalRequestLoadBalancer):
 
     def __init__(self, servers: dict[str, Any], config: dict | None = None):
         config = dict(config or {})
+        unknown = sorted(set(config) - CONFIG_KEYS)
+        if unknown:
+            raise ValueError(f"router config: unknown key(s) {unknown}; known: {sorted(CONFIG_KEYS)}")
         super().__init__(servers, max_cache_size=int(config.get("max_cache_size", DEFAULT_ROUTING_CACHE_SIZE)))
         self._prompt_to_server: LRUCache = LRUCache(maxsize=int(config.get("max_prompts", 1_000_000)))
         directory = os.environ.get(TIMELINE_DIR_ENV)
