@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import random
 import time
 from pathlib import Path
 from typing import Any
@@ -61,25 +60,17 @@ class PromptAffinityLoadBalancer(GlobalRequestLoadBalancer):
     def require_acquire_fields(self) -> list[str]:
         return ["prompt_ids"]
 
-    def _least_loaded(self) -> str:
-        if not self._inflight_requests:
-            raise RuntimeError("No available servers in load balancer")
-        fewest = min(self._inflight_requests.values())
-        return random.choice([sid for sid, count in self._inflight_requests.items() if count == fewest])
-
     def acquire_server(self, request_id: str, prompt_ids: list[int] | None = None, **extra) -> tuple[str, Any]:
         """The server of this request id if it has one (a later turn), else of its prompt, else the least
-        loaded, which the prompt then keeps."""
-        server_id = self._request_id_to_server.get(request_id)
+        loaded, which the prompt then keeps. The first and last are veRL's own sticky, least-loaded choice."""
         key = prompt_key(prompt_ids) if prompt_ids is not None else None
-        if server_id not in self._inflight_requests and key is not None:
-            server_id = self._prompt_to_server.get(key)
-        if server_id not in self._inflight_requests:
-            server_id = self._least_loaded()
+        prompt_server = self._prompt_to_server.get(key) if key is not None else None
+        sticky = self._request_id_to_server.get(request_id)
+        if sticky not in self._inflight_requests and prompt_server in self._inflight_requests:
+            self._request_id_to_server[request_id] = prompt_server
+        server_id, handle = super().acquire_server(request_id)
         if key is not None:
             self._prompt_to_server[key] = server_id
-        self._request_id_to_server[request_id] = server_id
-        self._inflight_requests[server_id] += 1
         if self._log is not None:
             self._log.write(json.dumps({"t": time.time(), "prompt": key, "server": server_id}) + "\n")
-        return server_id, self._servers[server_id]
+        return server_id, handle

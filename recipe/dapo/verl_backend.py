@@ -193,7 +193,7 @@ def check_mapping(cfg: DictConfig) -> None:
             "spec.mtp.train: online MTP training on backend=verl needs the Megatron actor "
             "(actor_rollout_ref.actor.strategy=megatron); veRL's FSDP actor only drafts with the MTP head"
         )
-    actor, ranks = cfg.actor_rollout_ref.actor, int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node)
+    actor, ranks = cfg.actor_rollout_ref.actor, world_size(cfg)
     per_rank = int(actor.ppo_mini_batch_size) * int(cfg.actor_rollout_ref.rollout.n) / ranks
     if per_rank != int(per_rank) or int(per_rank) % int(actor.ppo_micro_batch_size_per_gpu):
         raise ConfigError(
@@ -262,9 +262,14 @@ CPU_GIB_FIRST_REPLICA = 7.5
 CPU_GIB_PER_EXTRA_REPLICA = 3.5
 
 
+def world_size(cfg: DictConfig) -> int:
+    """Ranks of the job's actor: one per GPU (on the CPU, per logical GPU)."""
+    return int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node)
+
+
 def cpu_replicas(cfg: DictConfig) -> int:
     """vLLM servers of a CPU run: one per logical GPU (tensor parallelism 1)."""
-    return int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node)
+    return world_size(cfg)
 
 
 def cpu_overrides(cfg: DictConfig) -> dict[str, object]:
