@@ -94,7 +94,7 @@ def run_modes(name: str, modes: list[str], overrides: list[str], runs_root: Path
                 f"trainer.default_local_dir={run_dir}",
                 f"hydra.run.dir={run_dir}/hydra",
                 f"trainer.experiment_name={mode}",
-                "trainer.resume=auto",
+                "trainer.resume_mode=auto",
             ]
             print(f"[ab] {mode}: python -m recipe.dapo {' '.join(args)}", flush=True)
             proc = subprocess.run([sys.executable, "-m", "recipe.dapo", *args], cwd=REPO_ROOT)

@@ -36,9 +36,9 @@ ROLLOUT = (
 )
 CONFIG = [
     "data.train_batch_size=2", "data.gen_batch_size=2", "actor_rollout_ref.rollout.n=4",
-    "data.max_response_length=128", "reward_model.overlong_buffer.len=32", "data.val_max_samples=8",
+    "data.max_response_length=128", "reward.reward_kwargs.overlong_buffer_cfg.len=32", "data.val_max_samples=8",
     "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
-    "trainer.save_freq=0", "trainer.val_before_train=false", "trainer.progress_bar=false", "trainer.device=cpu",
+    "trainer.save_freq=0", "trainer.val_before_train=false", "recipe.progress_bar=false", "trainer.device=cpu",
 ]  # fmt: skip
 
 

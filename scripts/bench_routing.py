@@ -30,9 +30,9 @@ OUT = REPO / "results" / "verl"
 CONFIG = [
     "backend=verl", "trainer.device=cpu", "spec=sam",
     "data.train_batch_size=4", "data.gen_batch_size=4", "actor_rollout_ref.rollout.n=8",
-    "data.max_response_length=256", "reward_model.overlong_buffer.len=64", "data.val_max_samples=8",
+    "data.max_response_length=256", "reward.reward_kwargs.overlong_buffer_cfg.len=64", "data.val_max_samples=8",
     "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
-    "trainer.save_freq=0", "trainer.val_before_train=false", "trainer.progress_bar=false",
+    "trainer.save_freq=0", "trainer.val_before_train=false", "recipe.progress_bar=false",
 ]  # fmt: skip
 POOLS = (8, 256)  # data.train_max_samples
 RUNS = (

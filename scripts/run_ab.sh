@@ -6,4 +6,4 @@
 # Rerunning resumes a killed mode and skips finished ones; `--report-only` rebuilds the tables.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-exec .venv/bin/python -m recipe.ab --name "${AB_NAME:-cpu200}" trainer.progress_bar=false "$@"
+exec .venv/bin/python -m recipe.ab --name "${AB_NAME:-cpu200}" recipe.progress_bar=false "$@"

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 
 from recipe.dapo.config import ConfigError, validate
 
@@ -33,20 +32,38 @@ def config(*overrides: str):
         return compose(config_name="dapo", overrides=list(overrides))
 
 
-def test_default_config_is_valid_and_every_key_has_a_value():
+def test_default_config_is_valid():
     cfg = config()
     validate(cfg)
-    assert cfg.spec.method == "sam"
-    for key in (
-        "data.train_batch_size",
-        "data.gen_batch_size",
-        "actor_rollout_ref.rollout.n",
-        "actor_rollout_ref.actor.clip_ratio_high",
-        "algorithm.filter_groups.max_num_gen_batches",
-        "reward_model.overlong_buffer.penalty_factor",
-        "trainer.save_freq",
-    ):
-        assert OmegaConf.select(cfg, key) is not None, key
+    assert cfg.spec.method == "sam" and cfg.backend == "local"
+
+
+def test_every_key_the_recipe_sets_outside_its_groups_is_a_verl_key():
+    """configs/dapo.yaml sets veRL's keys and adds keys only in the recipe's groups (Hydra lets a config file add
+    keys anywhere; a typo there would silently make a key nothing reads)."""
+    import verl
+    import yaml
+    from hydra.core.global_hydra import GlobalHydra
+
+    from recipe.dapo.config import RECIPE_GROUPS, has_key
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(Path(verl.__file__).parent / "trainer" / "config"), version_base=None):
+        verl_cfg = compose(config_name="ppo_trainer")
+    passed_through = ("reward.reward_kwargs",)  # veRL hands these to the reward manager as they are
+
+    def keys(node: dict, prefix: str = "") -> list[str]:
+        out = []
+        for k, v in node.items():
+            out += keys(v, f"{prefix}{k}.") if isinstance(v, dict) else [f"{prefix}{k}"]
+        return out
+
+    recipe = yaml.safe_load((REPO / "configs" / "dapo.yaml").read_text())
+    veRL_sections = {k: v for k, v in recipe.items() if k not in ("hydra", "defaults", *RECIPE_GROUPS)}
+    set_keys = keys(veRL_sections)
+    assert len(set_keys) > 50
+    unknown = [k for k in set_keys if not k.startswith(passed_through) and not has_key(verl_cfg, k)]
+    assert not unknown, f"not veRL keys: {unknown}"
 
 
 @pytest.mark.parametrize("spec", ["off", "ngram", "sam", "mtp"])
@@ -68,12 +85,13 @@ def test_unknown_key_is_named():
         ("actor_rollout_ref.rollout.n=1", "actor_rollout_ref.rollout.n"),
         ("actor_rollout_ref.model.path=/nonexistent/model", "actor_rollout_ref.model.path"),
         ("data.train_files=/nonexistent.parquet", "data.train_files"),
-        ("reward_model.overlong_buffer.len=5000", "reward_model.overlong_buffer.len"),
+        ("reward.reward_kwargs.overlong_buffer_cfg.len=5000", "reward.reward_kwargs.overlong_buffer_cfg.len"),
         ("spec.sam.min_match=0", "spec.sam"),
-        ("algorithm.filter_groups.on_exhausted=maybe", "algorithm.filter_groups.on_exhausted"),
-        ("trainer.resume=sometimes", "trainer.resume"),
+        ("recipe.on_exhausted=maybe", "recipe.on_exhausted"),
+        ("trainer.resume_mode=sometimes", "trainer.resume_mode"),
         ("backend=ray", "backend"),
         ("data.train_max_samples=0", "data.train_max_samples"),
+        ("algorithm.filter_groups.metric=seq_reward", "algorithm.filter_groups.metric"),  # not a veRL V1 metric
     ],
 )
 def test_bad_values_fail_before_work_naming_the_key(override, key):
@@ -89,9 +107,9 @@ def run_args(model: Path, out: Path, steps: int, *extra: str) -> list[str]:
         f"data.val_files={data / 'test.parquet'}", f"trainer.default_local_dir={out}",
         f"hydra.run.dir={out}/hydra", f"trainer.total_training_steps={steps}",
         "data.train_batch_size=2", "data.gen_batch_size=3", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-        "actor_rollout_ref.rollout.n=4", "data.max_response_length=256", "reward_model.overlong_buffer.len=64",
-        "data.val_max_samples=8", "trainer.test_freq=0", "trainer.save_freq=1", "trainer.progress_bar=false",
-        "trainer.val_before_train=false", "trainer.train_probe.prompts=4", "trainer.train_probe.n=2",
+        "actor_rollout_ref.rollout.n=4", "data.max_response_length=256", "reward.reward_kwargs.overlong_buffer_cfg.len=64",
+        "data.val_max_samples=8", "trainer.test_freq=0", "trainer.save_freq=1", "recipe.progress_bar=false",
+        "trainer.val_before_train=false", "recipe.train_probe.prompts=4", "recipe.train_probe.n=2",
         *extra,
     ]  # fmt: skip
 
@@ -133,13 +151,13 @@ def test_two_step_job_then_kill_and_resume_matches_uninterrupted(harness_model, 
         "val-aux/train_probe/acc/mean@2",
     ):
         assert key in rows[-1], key
-    assert (full / "checkpoints" / "global_step_3" / "actor" / "model.safetensors").is_file()
+    assert (full / "global_step_3" / "actor" / "model.safetensors").is_file()
     assert list((full / "timelines").glob("step_00001_round_*.json"))
 
     killed = tmp_path / "killed"
     proc = subprocess.Popen(run_args(harness_model, killed, 3), cwd=REPO, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
-    latest = killed / "checkpoints" / "latest_checkpointed_iteration.txt"
+    latest = killed / "latest_checkpointed_iteration.txt"
     deadline = time.time() + 600
     while time.time() < deadline and not (latest.is_file() and latest.read_text().strip() == "2"):
         assert proc.poll() is None, "the run ended before it could be killed"
@@ -168,7 +186,7 @@ def test_mtp_job_trains_the_head_only_when_online(harness_model, tmp_path, train
     for key in ("mtp/loss", "mtp/grad_norm"):
         assert all((key in r) == (train == "online") for r in rows), key
     assert rows[-1]["training/epoch"] >= 1
-    base, trained = load_checkpoint(harness_model), load_checkpoint(out / "checkpoints" / "global_step_2" / "actor")
+    base, trained = load_checkpoint(harness_model), load_checkpoint(out / "global_step_2" / "actor")
     prefix = "model.mtp_layers."
     base_sd, trained_sd = base.state_dict(), trained.state_dict()
     mtp_change = max(float((trained_sd[k] - base_sd[k]).abs().max()) for k in base_sd if k.startswith(prefix))

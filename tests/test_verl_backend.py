@@ -1,8 +1,10 @@
-"""backend=verl: the recipe config composed against veRL 0.9.1's real config schema (from the installed
-wheel), the exact spec mappings, a dry run, the no-accelerator stop, and the sbatch scripts."""
+"""backend=verl: the recipe's config is veRL 0.9.1's real ``ppo_trainer`` config (from the installed wheel) plus
+the recipe's groups, the job gets it unchanged but for the inputs, device and spec; a dry run, the CPU checks,
+the launcher's clean-up, and the sbatch scripts."""
 
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
 import subprocess
@@ -38,64 +40,74 @@ def inputs(harness_model) -> list[str]:
 
 
 def composed(*overrides: str):
+    """The recipe config and the config veRL's job would run."""
     from recipe.dapo.__main__ import resolve_inputs
-    from recipe.dapo.verl_backend import compose_verl_config, resolve_device, verl_overrides
+    from recipe.dapo.config import resolve_device, verl_config
+    from recipe.dapo.verl_backend import job_config
 
     cfg = recipe_config(*overrides)
-    device = resolve_device(str(cfg.trainer.device))
-    return cfg, compose_verl_config(verl_overrides(cfg, *resolve_inputs(cfg), device))
+    return cfg, job_config(cfg, verl_config(cfg, *resolve_inputs(cfg), resolve_device(str(cfg.trainer.device))))
 
 
-def test_dapo_settings_land_on_verl_keys(inputs):
-    cfg, v = composed(*inputs, "actor_rollout_ref.actor.clip_ratio_high=0.3", "data.gen_batch_size=24")
-    assert v.algorithm.filter_groups.enable is True and v.algorithm.filter_groups.metric == "acc"
-    assert v.algorithm.filter_groups.max_num_gen_batches == cfg.algorithm.filter_groups.max_num_gen_batches
-    assert v.algorithm.adv_estimator == "grpo" and v.actor_rollout_ref.actor.use_kl_loss is False
-    assert v.actor_rollout_ref.actor.clip_ratio_high == 0.3 and v.actor_rollout_ref.actor.clip_ratio_low == 0.2
-    assert v.actor_rollout_ref.actor.loss_agg_mode == "token-mean"
-    assert v.data.gen_batch_size == 24 and v.data.train_batch_size == cfg.data.train_batch_size
-    assert v.reward.reward_manager.name == "dapo"
-    assert v.reward.custom_reward_function.path.endswith("recipe/dapo/batch.py")
-    buffer = v.reward.reward_kwargs.overlong_buffer_cfg
-    assert (buffer.enable, buffer.len, buffer.penalty_factor) == (True, 192, 1.0)
-    assert v.reward.reward_kwargs.max_resp_len == cfg.data.max_response_length
-    assert v.actor_rollout_ref.model.tokenizer_path.endswith("checkpoint/tokenizer")
-    assert v.trainer.total_training_steps == cfg.trainer.total_training_steps
+def flat(cfg) -> dict[str, object]:
+    """Every leaf of ``cfg`` by dotted key, resolved (empty sections hold no value and are left out)."""
+    out = {}
+
+    def walk(node, prefix: str) -> None:
+        for key, value in node.items():
+            if isinstance(value, dict):
+                walk(value, f"{prefix}{key}.")
+            else:
+                out[f"{prefix}{key}"] = value
+
+    walk(OmegaConf.to_container(cfg, resolve=True), "")
+    return out
 
 
-def test_spec_mappings_are_exactly_the_expected_verl_keys():
-    from recipe.dapo.verl_backend import spec_overrides
+def test_the_job_runs_the_recipe_config_changing_only_inputs_device_and_spec(inputs):
+    """Nothing is translated: every veRL key the recipe sets reaches veRL's trainer with the recipe's value, and
+    the only keys that differ are the ones the launcher fills in."""
+    relative = [f"{k}={os.path.relpath(v)}" for k, v in (a.split("=", 1) for a in inputs)]  # made absolute
+    cfg, job = composed(*relative, "trainer.device=cuda", "actor_rollout_ref.actor.clip_ratio_high=0.3", "spec=sam")
+    recipe_keys = {k: v for k, v in flat(cfg).items() if k.split(".")[0] not in ("backend", "spec", "recipe")}
+    job_keys = flat(job)
+    assert set(recipe_keys) <= set(job_keys)
+    changed = {k for k, v in recipe_keys.items() if job_keys[k] != v}
+    assert changed == {
+        "actor_rollout_ref.model.path", "actor_rollout_ref.model.tokenizer_path", "data.train_files",
+        "data.val_files", "trainer.default_local_dir", "reward.custom_reward_function.path",
+        "actor_rollout_ref.rollout.router_config_path", "actor_rollout_ref.rollout.gpu_memory_utilization",
+        "actor_rollout_ref.rollout.prometheus.served_model_name",  # veRL's own interpolation of model.path
+    }  # fmt: skip
+    assert job.trainer.device == "cuda" and job.actor_rollout_ref.rollout.gpu_memory_utilization == 0.5
+    assert Path(job.reward.custom_reward_function.path).is_file() and Path(job.data.train_files).is_absolute()
+    assert job.actor_rollout_ref.model.tokenizer_path.endswith("checkpoint/tokenizer")
+    added = set(job_keys) - set(recipe_keys)
+    vllm = "actor_rollout_ref.rollout.engine_kwargs.vllm."
+    assert all(k.startswith(vllm) for k in added)  # the spec group, as vLLM's settings
+    assert job_keys[vllm + "speculative_config.method"] == "custom_class"
+    assert job_keys[vllm + "additional_config.sam.min_match"] == cfg.spec.sam.min_match
+
+
+def test_spec_reaches_verl_as_the_vllm_settings_the_local_engine_gets():
+    from recipe.dapo.config import spec_overrides
+    from recipe.engine import spec_from_config
 
     vllm = "+actor_rollout_ref.rollout.engine_kwargs.vllm"
-    sam = recipe_config("spec=sam").spec
-    assert spec_overrides(sam) == {
-        f"{vllm}.speculative_config": {
-            "method": "custom_class",
-            "model": "sam.vllm.SAMProposer",
-            "num_speculative_tokens": sam.num_speculative_tokens,
-        },
-        f"{vllm}.additional_config": {"sam": OmegaConf.to_container(sam.sam)},
-    }
-    assert spec_overrides(recipe_config("spec=ngram").spec) == {
-        f"{vllm}.speculative_config": {
-            "method": "ngram",
-            "num_speculative_tokens": 4,
-            "prompt_lookup_min": 2,
-            "prompt_lookup_max": 5,
-        }
-    }
+    for method in ("sam", "ngram"):
+        spec = recipe_config(f"spec={method}").spec
+        speculative, additional = spec_from_config(spec)
+        expected = {f"{vllm}.speculative_config": speculative}
+        if additional:
+            expected[f"{vllm}.additional_config"] = additional
+        assert spec_overrides(spec) == expected
+    assert spec_overrides(recipe_config("spec=sam").spec)[f"{vllm}.additional_config"]["sam"]["min_match"] == 3
     assert spec_overrides(recipe_config("spec=off").spec) == {}
-    mtp = "actor_rollout_ref.model.mtp"
-    assert spec_overrides(recipe_config("spec=mtp", "spec.mtp.train=frozen").spec) == {
-        f"{mtp}.enable": True,
-        f"{mtp}.enable_rollout": True,
-        f"{mtp}.enable_train": False,
-        f"{mtp}.detach_encoder": True,
-        f"{mtp}.mtp_loss_scaling_factor": 0.2,
-        f"{mtp}.method": "mtp",
-        f"{mtp}.num_speculative_tokens": 1,
-        "actor_rollout_ref.rollout.load_format": "auto",
-    }
+    for train in ("frozen", "online"):
+        mtp = spec_overrides(recipe_config("spec=mtp", f"spec.mtp.train={train}").spec)
+        assert mtp["actor_rollout_ref.model.mtp.enable_rollout"] is True
+        assert mtp["actor_rollout_ref.model.mtp.enable_train"] is (train == "online")
+        assert mtp["actor_rollout_ref.rollout.load_format"] == "auto"  # the servers load the checkpoint's head
 
 
 @pytest.mark.parametrize("spec", ["off", "ngram", "sam", "mtp"])
@@ -107,13 +119,18 @@ def test_every_spec_composes_against_verl_schema(inputs, spec):
     assert v.actor_rollout_ref.model.mtp.enable is (spec == "mtp")
 
 
-def test_unknown_verl_key_fails_at_compose():
+def test_a_key_verl_does_not_have_is_named():
     from hydra.errors import ConfigCompositionException
 
-    from recipe.dapo.verl_backend import compose_verl_config
+    from recipe.dapo.config import apply_overrides
 
     with pytest.raises(ConfigCompositionException, match="no_such_key"):
-        compose_verl_config({"actor_rollout_ref.rollout.no_such_key": 1})
+        recipe_config("actor_rollout_ref.rollout.no_such_key=1")
+    cfg = recipe_config()
+    with pytest.raises(ConfigError, match=r"^actor_rollout_ref\.rollout\.no_such_key: "):
+        apply_overrides(cfg, {"actor_rollout_ref.rollout.no_such_key": 1})
+    apply_overrides(cfg, {"+actor_rollout_ref.rollout.engine_kwargs.vllm.no_such_key": 1})  # "+": passed through
+    assert cfg.actor_rollout_ref.rollout.engine_kwargs.vllm.no_such_key == 1
 
 
 def test_online_mtp_on_fsdp_is_refused_by_key():
@@ -132,7 +149,7 @@ DAPO_CLUSTER_BATCH = (  # veRL's DAPO recipe: 512 prompts x 16 responses a step,
 def test_dry_run_prints_and_saves_the_verl_config_and_job(inputs, tmp_path):
     out = tmp_path / "run"
     proc = subprocess.run(
-        [sys.executable, "-m", "recipe.dapo", *inputs, "backend=verl", "trainer.dry_run=true", "trainer.device=cuda",
+        [sys.executable, "-m", "recipe.dapo", *inputs, "backend=verl", "recipe.dry_run=true", "trainer.device=cuda",
          f"trainer.default_local_dir={out}", "trainer.nnodes=2", "trainer.n_gpus_per_node=8", *DAPO_CLUSTER_BATCH],
         cwd=REPO, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
@@ -140,10 +157,11 @@ def test_dry_run_prints_and_saves_the_verl_config_and_job(inputs, tmp_path):
     assert "-m verl.trainer.main_ppo" in proc.stdout and "2 node(s) x 8 cuda" in proc.stdout
     saved = OmegaConf.load(out / "verl_config.yaml")
     assert saved.trainer.nnodes == 2 and saved.algorithm.filter_groups.enable is True
+    assert saved.actor_rollout_ref.rollout.engine_kwargs.vllm.speculative_config.method == "custom_class"
+    assert "spec" not in saved and "recipe" not in saved and saved.trainer.experiment_name == "sam"
     launch = shlex.split((out / "verl_launch.sh").read_text().splitlines()[-1])
     assert launch[1:3] == ["-m", "verl.trainer.main_ppo"]
-    assert any(a.startswith("+actor_rollout_ref.rollout.engine_kwargs.vllm.speculative_config={method:'custom_class'")
-               for a in launch)  # fmt: skip
+    assert f"--config-path={out}" in launch and "--config-name=verl_config" in launch
     assert subprocess.run(["bash", "-n", str(out / "verl_launch.sh")]).returncode == 0
 
 

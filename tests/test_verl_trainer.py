@@ -19,6 +19,7 @@ import time
 import uuid
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from recipe.dapo.server_timeline import STEP_MARKS
@@ -36,7 +37,7 @@ def launch_args(model: Path, out: Path, *extra: str, backend: str = "verl", spec
         f"actor_rollout_ref.model.path={model}", f"data.train_files={data / 'train.parquet'}",
         f"data.val_files={data / 'test.parquet'}", "data.val_max_samples=8",
         "data.train_batch_size=2", "data.gen_batch_size=2", "actor_rollout_ref.rollout.n=4",
-        f"data.max_response_length={MAX_RESPONSE}", "reward_model.overlong_buffer.len=32",
+        f"data.max_response_length={MAX_RESPONSE}", "reward.reward_kwargs.overlong_buffer_cfg.len=32",
         "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
         f"trainer.default_local_dir={out}", *extra,
     ]  # fmt: skip
@@ -92,9 +93,13 @@ def test_verl_trainer_runs_dapo_with_sam_and_resumes_after_kill_9(harness_model,
             assert -1.0 <= row["critic/score/mean"] <= 1.0
             # answers end at the end token the checkpoint names, not at the length limit
             assert row["response_length/mean"] < MAX_RESPONSE
-            # the timeline recorded inside the vLLM server: SAM drafted there and vLLM accepted some of it
-            assert row["rollout/spec_accept_length"] > 1.0 and row["rollout/throughput_tok_s"] > 0
-            assert row["rollout/tokens_per_request_step"] > 1.0
+            # the timeline recorded inside the vLLM server gives every step its rollout metrics
+            assert row["rollout/spec_accept_length"] >= 1.0 and row["rollout/throughput_tok_s"] > 0
+        # SAM drafted in the servers and vLLM accepted some of it. Not asserted per step: veRL's V1 replay buffer
+        # refills while the previous step trains, so a step's time window can hold only a short refill round
+        # (one had 4 drafts, none accepted)
+        assert np.mean([row["rollout/spec_accept_length"] for row in history[1:]]) > 1.1
+        assert np.mean([row["rollout/tokens_per_request_step"] for row in history[1:]]) > 1.01  # spec off: 1.0
         assert (out / "curves.png").stat().st_size > 0
         assert sorted(p.name.split("_")[0] for p in (out / "timelines").glob("*.json"))[-1] == f"step{STEPS:06d}"
         assert not (out / "verl_job.id").exists()

@@ -1,7 +1,8 @@
 """``python -m recipe.dapo [overrides]``: DAPO with speculative rollouts (configs/dapo.yaml).
 
-Resolves the embedded base model and data when no model path or data file is given, checks the config
-before any work (errors name the key), and runs the chosen backend.
+Checks the config before any work (errors name the key), resolves the embedded base model and data when no
+model path or data file is given, builds veRL's config of the run (``config.verl_config``) and runs the chosen
+backend on it: the local loop or veRL's own trainer.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from recipe.dapo.config import validate
+from recipe.dapo.config import resolve_device, validate, verl_config
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 
@@ -25,8 +26,8 @@ def resolve_inputs(cfg: DictConfig) -> tuple[str, str, str]:
     if model is None or train is None or val is None:
         from recipe.sft.train import base_model_path, ensure_base_model
 
-        base_cfg = OmegaConf.load(CONFIG_DIR / f"{cfg.base_model}.yaml")
-        ckpt = base_model_path(base_cfg) if cfg.trainer.dry_run else ensure_base_model(base_cfg)
+        base_cfg = OmegaConf.load(CONFIG_DIR / f"{cfg.recipe.base_model}.yaml")
+        ckpt = base_model_path(base_cfg) if cfg.recipe.dry_run else ensure_base_model(base_cfg)
         model = model or str(ckpt)
         train = train or str(ckpt.parent / "data" / "train.parquet")
         val = val or str(ckpt.parent / "data" / "test.parquet")
@@ -36,14 +37,14 @@ def resolve_inputs(cfg: DictConfig) -> tuple[str, str, str]:
 def run(cfg: DictConfig) -> list[dict] | DictConfig:
     """Train on the chosen backend: the local history of metrics, or (backend=verl) veRL's config."""
     validate(cfg)
-    model, train, val = resolve_inputs(cfg)
+    verl_cfg = verl_config(cfg, *resolve_inputs(cfg), resolve_device(str(cfg.trainer.device)))
     if cfg.backend == "verl":
         from recipe.dapo.verl_backend import run_verl
 
-        return run_verl(cfg, model, train, val)
+        return run_verl(cfg, verl_cfg)
     from recipe.dapo.trainer import DAPOTrainer
 
-    trainer = DAPOTrainer(cfg, model, train, val)
+    trainer = DAPOTrainer(cfg, verl_cfg)
     try:
         return trainer.fit()
     finally:

@@ -4,7 +4,7 @@ and DAPO's group filter.
 Layout as in veRL: ``prompts`` [B, P] left-padded, ``responses`` [B, R] right-padded, ``input_ids`` and
 ``attention_mask`` [B, P+R], ``response_mask`` [B, R]; non-tensor ``uid`` (the prompt group),
 ``data_source``, ``reward_model``. Rewards: ``token_level_scores`` / ``token_level_rewards`` with the
-scalar at the last response token, as veRL's ``DAPORewardManager`` writes them.
+scalar at the last response token, from veRL's reward loop with its DAPO reward manager.
 """
 
 from __future__ import annotations
@@ -74,30 +74,30 @@ def build_batch(
 
 
 class RewardFunction:
-    """veRL's DAPORewardManager (rule score + overlong buffer) applied to a rollout batch."""
+    """veRL's reward path of its V1 trainer, run in this process: a ``RewardLoopWorker`` built from veRL's config
+    of the run (``reward.reward_manager``: DAPO's rule score + overlong buffer from ``reward.reward_kwargs``, the
+    scorer named by ``reward.custom_reward_function``), scores assembled at the last response token as veRL's
+    reward loop does. On backend=verl the same config reaches the same classes in Ray workers."""
 
-    def __init__(self, tokenizer, cfg: DictConfig, max_response_length: int):
-        from verl.workers.reward_manager.dapo import DAPORewardManager
+    def __init__(self, verl_cfg: DictConfig):
+        from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
+        from verl.trainer.ppo.reward import resolve_reward_manager_cls
 
-        self.manager = DAPORewardManager(
-            tokenizer=tokenizer,
-            num_examine=0,
-            compute_score=compute_score,
-            max_resp_len=max_response_length,
-            overlong_buffer_cfg=cfg.overlong_buffer,
-        )
+        self.worker = RewardLoopWorker(verl_cfg)
+        self.manager_cls = resolve_reward_manager_cls(verl_cfg)
 
     def __call__(self, batch) -> dict[str, np.ndarray]:
         """Adds ``token_level_scores``/``token_level_rewards`` to ``batch``; returns per-response extras."""
-        out = self.manager(batch, return_dict=True)
-        batch.batch["token_level_scores"] = out["reward_tensor"]
-        batch.batch["token_level_rewards"] = out["reward_tensor"]
-        extras = {k: np.asarray(v) for k, v in out["reward_extra_info"].items()}
+        outputs = self.worker.loop.run_until_complete(self.worker.compute_score_batch(batch))
+        scores = self.manager_cls.assemble_rm_scores(batch, [o["reward_score"] for o in outputs])
+        batch.batch["token_level_scores"] = scores
+        batch.batch["token_level_rewards"] = scores
+        infos = [o.get("reward_extra_info", {}) for o in outputs]
+        extras = {k: np.asarray([info[k] for info in infos]) for k in infos[0]}
         for k, v in extras.items():
             if v.dtype != object:
                 batch.non_tensor_batch[k] = v
-        batch.non_tensor_batch["seq_reward"] = out["reward_tensor"].sum(-1).numpy()
-        batch.non_tensor_batch["seq_final_reward"] = out["reward_tensor"].sum(-1).numpy()
+        batch.non_tensor_batch["reward"] = scores.sum(-1).numpy()  # veRL V1's canonical filter metric
         return extras
 
 

@@ -1,14 +1,26 @@
-"""Checks of a DAPO config before any work starts: every error names the offending key."""
+"""The recipe's config: veRL's own ``ppo_trainer`` config plus the recipe's groups (configs/dapo.yaml).
+
+:func:`validate` checks it before any work starts (every error names the offending key); :func:`verl_config`
+is veRL's config of a run, the one thing both backends read: the local backend's reward comes from it, and
+backend=verl hands it to veRL's trainer as it is.
+"""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf, open_dict
 
+REPO_ROOT = Path(__file__).resolve().parents[2]
+RECIPE_GROUPS = ("backend", "spec", "recipe")  # top-level keys that are the recipe's, not veRL's
+REPO_RELATIVE_KEYS = (  # the recipe's own files, named relative to the repository
+    "reward.custom_reward_function.path",
+    "actor_rollout_ref.rollout.router_config_path",
+)
 SPEC_METHODS = ("off", "ngram", "sam", "mtp")
 LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-FILTER_METRICS = ("acc", "score", "seq_reward", "seq_final_reward")
+FILTER_METRICS = ("acc", "score", "reward")  # veRL V1: "reward" (the summed score) or a reward_extra_info key
 
 
 class ConfigError(ValueError):
@@ -48,7 +60,7 @@ def validate(cfg: DictConfig) -> None:
     for key in ("train_batch_size", "gen_batch_size", "max_prompt_length", "max_response_length"):
         _require(data[key] >= 1, f"data.{key}", f"must be >= 1, got {data[key]}")
     for key in ("train_max_samples", "val_max_samples"):
-        _require(data[key] is None or data[key] >= 1, f"data.{key}", f"must be >= 1 or null (all), got {data[key]}")
+        _require(data[key] == -1 or data[key] >= 1, f"data.{key}", f"must be >= 1 or -1 (all), got {data[key]}")
     for key in ("train_files", "val_files"):
         if data[key] is not None:
             _require(Path(data[key]).is_file(), f"data.{key}", f"file {data[key]} does not exist")
@@ -95,31 +107,37 @@ def validate(cfg: DictConfig) -> None:
     )
     fg = algo.filter_groups
     if fg.enable:
-        _require(
-            (fg.metric or "acc") in FILTER_METRICS, "algorithm.filter_groups.metric", f"must be one of {FILTER_METRICS}"
-        )
-        _require(
-            fg.on_exhausted in ("train", "error"), "algorithm.filter_groups.on_exhausted", "must be train or error"
-        )
-    ob = cfg.reward_model.overlong_buffer
+        _require(fg.metric in FILTER_METRICS, "algorithm.filter_groups.metric", f"must be one of {FILTER_METRICS}")
+    rc = cfg.recipe
+    _require(rc.on_exhausted in ("train", "error"), "recipe.on_exhausted", "must be train or error")
+    _require(
+        cfg.reward.reward_manager.name == "dapo",
+        "reward.reward_manager.name",
+        f"this recipe uses veRL's dapo reward manager, got {cfg.reward.reward_manager.name!r}",
+    )
+    ob = cfg.reward.reward_kwargs.overlong_buffer_cfg
     if ob.enable:
         _require(
             0 < ob.len < data.max_response_length,
-            "reward_model.overlong_buffer.len",
+            "reward.reward_kwargs.overlong_buffer_cfg.len",
             f"must be in (0, data.max_response_length={data.max_response_length})",
         )
 
     tr = cfg.trainer
     _require(tr.total_training_steps >= 1, "trainer.total_training_steps", "must be >= 1")
-    _require(tr.resume in ("auto", "disable"), "trainer.resume", f"must be auto or disable, got {tr.resume!r}")
+    _require(
+        tr.resume_mode in ("auto", "disable"),
+        "trainer.resume_mode",
+        f"must be auto or disable, got {tr.resume_mode!r}",
+    )
     _require(
         tr.device in ("auto", "cpu", "cuda", "npu"),
         "trainer.device",
         f"must be auto, cpu, cuda or npu, got {tr.device!r}",
     )
-    _require(tr.long_tail_threshold >= 1, "trainer.long_tail_threshold", f"must be >= 1, got {tr.long_tail_threshold}")
-    _require(tr.train_probe.prompts >= 0, "trainer.train_probe.prompts", "must be >= 0 (0: off)")
-    _require(tr.train_probe.n >= 1, "trainer.train_probe.n", f"must be >= 1, got {tr.train_probe.n}")
+    _require(rc.long_tail_threshold >= 1, "recipe.long_tail_threshold", f"must be >= 1, got {rc.long_tail_threshold}")
+    _require(rc.train_probe.prompts >= 0, "recipe.train_probe.prompts", "must be >= 0 (0: off)")
+    _require(rc.train_probe.n >= 1, "recipe.train_probe.n", f"must be >= 1, got {rc.train_probe.n}")
     for key in ("nnodes", "n_gpus_per_node"):
         _require(tr[key] >= 1, f"trainer.{key}", f"must be >= 1, got {tr[key]}")
     _require(
@@ -130,3 +148,129 @@ def validate(cfg: DictConfig) -> None:
     loggers = {"console", "file", "wandb", "tensorboard", "mlflow", "swanlab"}
     bad = [x for x in tr.logger if x not in loggers]
     _require(not bad, "trainer.logger", f"unknown backend(s) {bad}; known: {sorted(loggers)}")
+
+
+def spec_overrides(spec: DictConfig) -> dict[str, object]:
+    """veRL's keys for the recipe's ``spec`` group (a leading ``+`` marks a key veRL passes through to vLLM)."""
+    from recipe.engine import spec_from_config
+
+    method = str(spec.method)
+    if method == "off":
+        return {}
+    if method in ("ngram", "sam"):
+        vllm = "+actor_rollout_ref.rollout.engine_kwargs.vllm"
+        speculative, additional = spec_from_config(spec)  # the same vLLM settings as the local backend
+        out: dict[str, object] = {f"{vllm}.speculative_config": speculative}
+        if additional:
+            out[f"{vllm}.additional_config"] = additional
+        return out
+    return {
+        "actor_rollout_ref.model.mtp.enable": True,
+        "actor_rollout_ref.model.mtp.enable_rollout": True,
+        "actor_rollout_ref.model.mtp.enable_train": spec.mtp.train == "online",
+        "actor_rollout_ref.model.mtp.detach_encoder": True,  # the MTP loss updates only the MTP layer
+        "actor_rollout_ref.model.mtp.mtp_loss_scaling_factor": float(spec.mtp.loss_scaling_factor),
+        "actor_rollout_ref.model.mtp.method": "mtp",
+        "actor_rollout_ref.model.mtp.num_speculative_tokens": int(spec.num_speculative_tokens),
+        # the servers load the checkpoint's weights, MTP layer included: veRL's FSDP actor holds the trunk only
+        # (Qwen2ForCausalLM drops model.mtp_layers.*), so weight sync refreshes the trunk and never the head,
+        # which with veRL's default "dummy" load stays random and drafts at chance
+        "actor_rollout_ref.rollout.load_format": "auto",
+    }
+
+
+def has_key(cfg: DictConfig, key: str) -> bool:
+    """Whether the dotted ``key`` exists in ``cfg`` (also with a ``???`` value, which veRL uses for required keys)."""
+    parent, _, leaf = key.rpartition(".")
+    node = OmegaConf.select(cfg, parent, default=None) if parent else cfg
+    return isinstance(node, DictConfig) and leaf in node.keys()
+
+
+def apply_overrides(cfg: DictConfig, overrides: dict[str, object]) -> None:
+    """Set dotted keys as Hydra's command line would: a key veRL's schema lacks raises unless it is marked ``+``."""
+    for key, value in overrides.items():
+        if key.startswith("+"):
+            with open_dict(cfg):
+                OmegaConf.update(cfg, key[1:], value, merge=False, force_add=True)
+        elif not has_key(cfg, key):
+            raise ConfigError(f"{key}: veRL's config has no such key")
+        else:
+            OmegaConf.update(cfg, key, value, merge=False)
+
+
+def _resolve_recipe_references(cfg: DictConfig) -> None:
+    """Values that interpolate a recipe group (``experiment_name: ${spec.method}``) take their value, so the
+    groups can go; veRL's own interpolations stay for veRL to resolve."""
+    marks = tuple("${" + group for group in RECIPE_GROUPS)
+
+    def referencing(raw: dict, prefix: str) -> list[str]:
+        keys = []
+        for key, value in raw.items():
+            if isinstance(value, dict):
+                keys += referencing(value, f"{prefix}{key}.")
+            elif isinstance(value, str) and any(m in value for m in marks):
+                keys.append(f"{prefix}{key}")
+        return keys
+
+    raw = OmegaConf.to_container(cfg, resolve=False)
+    for key in referencing({k: v for k, v in raw.items() if k not in RECIPE_GROUPS}, ""):
+        OmegaConf.update(cfg, key, OmegaConf.select(cfg, key), merge=False)
+
+
+def accelerators(device: str) -> int:
+    """GPUs (or NPUs for ``device=npu``) visible to this process."""
+    if device == "npu":
+        try:
+            import torch_npu  # noqa: F401
+        except ImportError:
+            return 0
+        import torch
+
+        return int(torch.npu.device_count())
+    import torch
+
+    return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
+
+
+def resolve_device(requested: str) -> str:
+    """``trainer.device=auto``: cuda or npu where visible, else the CPU."""
+    if requested != "auto":
+        return requested
+    for device in ("cuda", "npu"):
+        if accelerators(device):
+            return device
+    return "cpu"
+
+
+def verl_config(cfg: DictConfig, model: str, train: str, val: str, device: str) -> DictConfig:
+    """veRL's config of this run: ``cfg`` without the recipe's groups, with the inputs (``model``, ``train``,
+    ``val``: the embedded ones where the config names none) and the device filled in, paths made absolute, and
+    the ``spec`` group as veRL's keys. Nothing is translated: every other key is veRL's already."""
+    out = copy.deepcopy(cfg)
+    _resolve_recipe_references(out)
+    with open_dict(out):
+        for group in RECIPE_GROUPS:
+            out.pop(group)
+    tokenizer = Path(model, "tokenizer")
+    ro = out.actor_rollout_ref.rollout
+    apply_overrides(
+        out,
+        {
+            "actor_rollout_ref.model.path": str(Path(model).resolve()),
+            "actor_rollout_ref.model.tokenizer_path": str(tokenizer.resolve()) if tokenizer.is_dir() else None,
+            "data.train_files": str(Path(train).resolve()),
+            "data.val_files": str(Path(val).resolve()),
+            "trainer.default_local_dir": str(Path(out.trainer.default_local_dir).resolve()),
+            "trainer.device": device,
+            "actor_rollout_ref.rollout.gpu_memory_utilization": float(
+                ro.gpu_memory_utilization or (0.04 if device == "cpu" else 0.5)
+            ),
+            **{
+                key: str(REPO_ROOT / OmegaConf.select(out, key))
+                for key in REPO_RELATIVE_KEYS
+                if OmegaConf.select(out, key)
+            },
+            **spec_overrides(cfg.spec),
+        },
+    )
+    return out

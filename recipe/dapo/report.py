@@ -1,10 +1,20 @@
-"""Plots of a run's metrics (written into the run directory at the end of training)."""
+"""The run directory (``trainer.default_local_dir``), laid out as veRL lays it out on both backends: checkpoints
+``global_step_N/`` with veRL's resume pointer, and the plots of a run's metrics written at the end of training."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-PROBE_PREFIX = "val-aux/train_probe"  # metrics of the fixed training-prompt probe (trainer.train_probe)
+LATEST_FILE = "latest_checkpointed_iteration.txt"  # veRL's resume pointer: the step of the last checkpoint
+
+
+def latest_step(run_dir: Path) -> int:
+    """The step of the run's last checkpoint (0: none)."""
+    latest = run_dir / LATEST_FILE
+    return int(latest.read_text().strip()) if latest.is_file() else 0
+
+
+PROBE_PREFIX = "val-aux/train_probe"  # metrics of the fixed training-prompt probe (recipe.train_probe)
 PROBE_ACC = f"{PROBE_PREFIX}/acc/mean@"
 PANELS = [
     ("train/gen_score_mean", "mean training reward (every generated response, before filtering)"),

@@ -10,7 +10,10 @@ speculative counts and the lengths of the requests it finished.
 Rows are assigned to training steps by time: the launcher notes when veRL's tracking file receives each step's
 metrics (:data:`STEP_MARKS`), so a step's rows lie between the previous mark and its own. Within that window a
 server's rows split into rollouts where its queue drains; in a step that also validated, each server's last
-rollout is the validation and is left out, as the local backend's metrics leave evaluation out. veRL logs a
+rollout is the validation and is left out, as the local backend's metrics leave evaluation out. The windows are
+approximate: veRL's V1 replay buffer refills while the previous step trains, so part of a step's generation can
+fall in the previous step's window: a step's metrics can hold a refill round of the next step's generation or
+miss one of its own. veRL logs a
 step's metrics after its checkpoint: a launcher killed between the two never notes that step, which then has
 no ``rollout/*`` metrics (its rows stay in ``server_timeline/``); every other step of a resumed run has them.
 """

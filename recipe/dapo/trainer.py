@@ -27,7 +27,7 @@ from mtp.checkpoint import load_checkpoint, save_checkpoint
 from recipe.dapo.batch import RewardFunction, build_batch, kept_groups, select_groups
 from recipe.dapo.data import PromptStream, load_prompts
 from recipe.dapo.policy import Actor
-from recipe.dapo.report import PROBE_PREFIX, plot_run
+from recipe.dapo.report import LATEST_FILE, PROBE_PREFIX, latest_step, plot_run
 from recipe.dapo.rollout import RolloutEngine
 from recipe.dapo.timeline import step_rollout_metrics, timed
 from recipe.engine import EngineOptions, spec_from_config
@@ -35,11 +35,14 @@ from recipe.evaluate import evaluate
 
 logger = logging.getLogger(__name__)
 
-LATEST_FILE = "latest_checkpointed_iteration.txt"  # veRL's name for the resume pointer
-
 
 class TrainingDataExhaustedWarning(UserWarning):
     """Dynamic filtering hit max_num_gen_batches before train_batch_size groups were kept."""
+
+
+def _rows(max_samples: int) -> int | None:
+    """veRL's ``data.*_max_samples``: -1 is all rows."""
+    return None if max_samples < 0 else int(max_samples)
 
 
 def _reseed_worker(worker, seed: int) -> None:
@@ -60,15 +63,18 @@ def _sam_state_on_worker(worker, blob: bytes | None = None) -> bytes | None:
 
 
 class DAPOTrainer:
-    def __init__(self, cfg: DictConfig, model_path: str, train_file: str, val_file: str):
-        self.cfg = cfg
-        tr = cfg.trainer
-        self.out_dir = Path(tr.default_local_dir)
-        self.ckpt_dir = self.out_dir / "checkpoints"
+    """The local loop over the recipe's parts. ``cfg`` is the recipe's config (veRL's keys plus the recipe's
+    groups); ``verl_cfg`` is veRL's config of the run (``config.verl_config``), which names the inputs and
+    configures the reward exactly as veRL's trainer gets it on backend=verl."""
+
+    def __init__(self, cfg: DictConfig, verl_cfg: DictConfig):
+        self.cfg, self.options = cfg, cfg.recipe
+        self.out_dir = Path(verl_cfg.trainer.default_local_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        self.seed = int(tr.seed)
+        self.seed = int(cfg.data.seed)
         self._seed_everything(self.seed)
         self.spec_method = str(cfg.spec.method)
+        model_path = verl_cfg.actor_rollout_ref.model.path
 
         self.actor = Actor(load_checkpoint(model_path, dtype=torch.float32), cfg)
         self.policy = self.actor.policy
@@ -81,21 +87,21 @@ class DAPOTrainer:
             max_num_seqs=ro.max_num_seqs,
             gpu_memory_utilization=ro.gpu_memory_utilization,
             enforce_eager=ro.enforce_eager,
-            seed=self.seed,
+            seed=int(ro.seed),
             dtype=str(ro.dtype),
         )
         self.engine = RolloutEngine(model_path, spec_cfg, options, extra, free_cache_engine=ro.free_cache_engine)
         self.tokenizer = self.engine.tokenizer
         problems, prompt_ids = load_prompts(
-            train_file, self.tokenizer, data.max_prompt_length, max_rows=data.train_max_samples
+            verl_cfg.data.train_files, self.tokenizer, data.max_prompt_length, max_rows=_rows(data.train_max_samples)
         )
         self.stream = PromptStream(problems, prompt_ids, self.seed, data.shuffle)
         self.val_problems, _ = load_prompts(
-            val_file, self.tokenizer, data.max_prompt_length, max_rows=data.val_max_samples
+            verl_cfg.data.val_files, self.tokenizer, data.max_prompt_length, max_rows=_rows(data.val_max_samples)
         )
-        probe = tr.train_probe
+        probe = self.options.train_probe
         self.probe_problems = problems[: int(probe.prompts)] if probe.prompts > 0 else []
-        self.reward = RewardFunction(self.tokenizer, cfg.reward_model, data.max_response_length)
+        self.reward = RewardFunction(verl_cfg)
         self.sampling = {"temperature": ro.temperature, "top_p": ro.top_p, "max_tokens": data.max_response_length}
         self.global_step = 0
         self.tracking = self._make_tracking()
@@ -125,8 +131,9 @@ class DAPOTrainer:
     # -- checkpoints ----------------------------------------------------------------------------------
 
     def save(self) -> Path:
-        """``checkpoints/global_step_N/``: fp32 HF policy, optimizer, cursor, RNG and drafter memory."""
-        path = self.ckpt_dir / f"global_step_{self.global_step}"
+        """``global_step_N/`` in the run directory (as veRL): fp32 HF policy, optimizer, cursor, RNG and drafter
+        memory."""
+        path = self.out_dir / f"global_step_{self.global_step}"
         tmp = path.with_name(path.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
@@ -143,17 +150,16 @@ class DAPOTrainer:
         torch.save(state, tmp / "trainer_state.pt")
         shutil.rmtree(path, ignore_errors=True)
         tmp.rename(path)
-        latest = self.ckpt_dir / LATEST_FILE
+        latest = self.out_dir / LATEST_FILE
         latest.with_suffix(".tmp").write_text(str(self.global_step))
         latest.with_suffix(".tmp").replace(latest)
         return path
 
     def try_resume(self) -> bool:
-        latest = self.ckpt_dir / LATEST_FILE
-        if self.cfg.trainer.resume != "auto" or not latest.is_file():
+        step = latest_step(self.out_dir)
+        if self.cfg.trainer.resume_mode != "auto" or step == 0:
             return False
-        step = int(latest.read_text().strip())
-        path = self.ckpt_dir / f"global_step_{step}"
+        path = self.out_dir / f"global_step_{step}"
         resumed = load_checkpoint(path / "actor", dtype=torch.float32)
         self.policy.load_state_dict(resumed.state_dict())
         state = torch.load(path / "trainer_state.pt", weights_only=False)
@@ -183,7 +189,7 @@ class DAPOTrainer:
         fg = cfg.algorithm.filter_groups
         n = cfg.actor_rollout_ref.rollout.n
         want = cfg.data.train_batch_size
-        metric = fg.metric or "acc"
+        metric = str(fg.metric)
         kept_batch, kept = None, 0
         rounds: list[dict] = []
         scores_all = []
@@ -191,10 +197,11 @@ class DAPOTrainer:
             r = len(rounds) + 1
             problems, prompt_ids = self.stream.next(cfg.data.gen_batch_size)
             uids = [f"s{self.global_step}r{r}p{i}" for i in range(len(problems))]
-            self.engine.llm.collective_rpc(_reseed_worker, args=(hash((self.seed, self.global_step, r)) % (2**31),))
+            seed = hash((int(cfg.actor_rollout_ref.rollout.seed), self.global_step, r)) % (2**31)
+            self.engine.llm.collective_rpc(_reseed_worker, args=(seed,))
             start = time.perf_counter()
             with timed(timing, "gen"):
-                result = self.engine.generate(prompt_ids, n, self.sampling, progress=bool(cfg.trainer.progress_bar))
+                result = self.engine.generate(prompt_ids, n, self.sampling, progress=bool(self.options.progress_bar))
             gen_s = time.perf_counter() - start
             with timed(timing, "reward"):
                 batch = build_batch(
@@ -208,7 +215,7 @@ class DAPOTrainer:
                 self.reward(batch)
             scores_all.append(batch.non_tensor_batch["score"].astype(float))
             keep = kept_groups(batch, metric) if fg.enable else list(dict.fromkeys(uids))
-            tl = result.timeline.summary(int(self.cfg.trainer.long_tail_threshold))
+            tl = result.timeline.summary(int(self.options.long_tail_threshold))
             rounds.append({"gen_s": gen_s, "kept": len(keep), "groups": len(problems), **tl})
             self._save_timeline(result.timeline, r)
             if keep:
@@ -218,7 +225,7 @@ class DAPOTrainer:
             if not fg.enable or kept >= want:
                 break
             if fg.max_num_gen_batches > 0 and r >= fg.max_num_gen_batches:
-                if fg.on_exhausted == "error":
+                if self.options.on_exhausted == "error":
                     raise ValueError(
                         f"num_gen_batches={r} >= max_num_gen_batches={fg.max_num_gen_batches} with {kept} of "
                         f"{want} groups kept. Please check if your data are too difficult. You could also try "
@@ -265,7 +272,7 @@ class DAPOTrainer:
             f"val-aux/{source}/response_length/mean": res.mean_response_tokens,
         }
         if self.probe_problems:
-            ro, n = self.cfg.actor_rollout_ref.rollout, int(self.cfg.trainer.train_probe.n)
+            ro, n = self.cfg.actor_rollout_ref.rollout, int(self.options.train_probe.n)
             probe = evaluate(
                 self.engine.llm, self.probe_problems, n=n, temperature=ro.temperature, top_p=ro.top_p,
                 max_tokens=max_tokens,
@@ -301,7 +308,12 @@ class DAPOTrainer:
             record(0, {k: float(v) for k, v in self.validate().items()})
         from tqdm import tqdm
 
-        bar = tqdm(range(self.global_step + 1, total + 1), desc="dapo", disable=not tr.progress_bar, dynamic_ncols=True)
+        bar = tqdm(
+            range(self.global_step + 1, total + 1),
+            desc="dapo",
+            disable=not self.options.progress_bar,
+            dynamic_ncols=True,
+        )
         for step in bar:
             self.global_step = step
             timing: dict[str, float] = {}

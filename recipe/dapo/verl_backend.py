@@ -1,19 +1,15 @@
 """``backend=verl``: the same DAPO configuration on veRL 0.9.1's own Ray trainer (``verl.trainer.main_ppo``:
 FSDP/Megatron workers, vLLM rollout servers), on clusters and, through recipe/verl_cpu.py, on this CPU.
 
-The recipe's config is translated into Hydra overrides of veRL's own ``ppo_trainer`` config (composed from
-the installed wheel, so a key veRL does not know fails here, not on the cluster):
-- DAPO: ``algorithm.filter_groups``, clip ratios, ``loss_agg_mode``, veRL's ``dapo`` reward manager with
-  the overlong buffer in ``reward.reward_kwargs``, and the recipe's ``math_dapo`` scorer as the custom reward
-  function;
-- SAM / ngram: ``actor_rollout_ref.rollout.engine_kwargs.vllm.speculative_config`` (SAM as vLLM's
-  ``custom_class`` proposer ``sam.vllm.SAMProposer``, its options in ``engine_kwargs.vllm.additional_config``);
-- MTP: ``actor_rollout_ref.model.mtp.*`` (rollout drafting; online training needs the Megatron actor), the
-  servers loading the checkpoint's MTP layer (``rollout.load_format=auto``: FSDP weight sync carries the trunk);
-- several replicas: ``rollout.router_config_path`` names the prompt-affinity router (routing.py), so a prompt's
-  samples and epochs meet in one server's SAM.
+The recipe's config is veRL's own ``ppo_trainer`` config (configs/dapo.yaml), so the job gets it as it is:
+``config.verl_config`` drops the recipe's groups, fills in the inputs and the device, and writes the ``spec``
+group as veRL's keys (SAM and ngram as ``actor_rollout_ref.rollout.engine_kwargs.vllm.speculative_config``, SAM
+as vLLM's ``custom_class`` proposer; MTP as ``actor_rollout_ref.model.mtp.*``, with the servers loading the
+checkpoint's MTP layer). On the CPU, :func:`cpu_overrides` adds what veRL needs there. With several replicas,
+``rollout.router_config_path`` names the prompt-affinity router (routing.py), so a prompt's samples and epochs
+meet in one server's SAM.
 
-``trainer.dry_run=true`` prints the composed veRL config and the command of the Ray job, and writes both
+``recipe.dry_run=true`` prints the veRL config and the command of the Ray job, and writes both
 next to the run, without starting anything. A real start checks what the device needs first (on the CPU:
 versions, Ray, TransferQueue, memory), runs the job as a subprocess that it cleans up after on every exit,
 and collects the run's metrics and server timelines into the run directory (server_timeline.py).
@@ -22,6 +18,7 @@ and collects the run's metrics and server timelines into the run directory (serv
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
 import shlex
@@ -36,150 +33,16 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from recipe.dapo.config import ConfigError
-from recipe.dapo.report import plot_run
+from recipe.dapo.config import ConfigError, accelerators, apply_overrides
+from recipe.dapo.report import latest_step, plot_run
 from recipe.dapo.server_timeline import STEP_MARKS, TIMELINE_DIR_ENV, rollout_metrics_by_step
-from recipe.engine import spec_from_config
 from recipe.verl_cpu import PLATFORM_ENV, PLATFORM_NAME
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-REWARD_FUNCTION = REPO_ROOT / "recipe" / "dapo" / "batch.py"  # compute_score: veRL's math_dapo scorer
 
 
 class BackendUnavailableError(RuntimeError):
     """veRL's trainer cannot start here; the message names what is missing."""
-
-
-def _value(v) -> str:
-    """A value in Hydra's override grammar (quoted strings, ``[..]`` lists, ``{key:value}`` dicts)."""
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if v is None:
-        return "null"
-    if isinstance(v, int | float):
-        return repr(v)
-    if isinstance(v, list | tuple):
-        return "[" + ",".join(_value(x) for x in v) + "]"
-    if isinstance(v, dict):
-        return "{" + ",".join(f"{k}:{_value(x)}" for k, x in v.items()) + "}"
-    return "'" + str(v).replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
-def spec_overrides(spec: DictConfig) -> dict[str, object]:
-    """veRL keys for the ``spec`` group (the mapping tests/test_verl_backend.py pins)."""
-    method = str(spec.method)
-    if method == "off":
-        return {}
-    k = int(spec.num_speculative_tokens)
-    if method in ("ngram", "sam"):
-        vllm = "+actor_rollout_ref.rollout.engine_kwargs.vllm"  # "+": keys veRL passes through to vLLM
-        speculative, additional = spec_from_config(spec)  # the same vLLM settings as the local backend
-        out = {f"{vllm}.speculative_config": speculative}
-        if additional:
-            out[f"{vllm}.additional_config"] = additional
-        return out
-    online = spec.mtp.train == "online"
-    return {
-        "actor_rollout_ref.model.mtp.enable": True,
-        "actor_rollout_ref.model.mtp.enable_rollout": True,
-        "actor_rollout_ref.model.mtp.enable_train": online,
-        "actor_rollout_ref.model.mtp.detach_encoder": True,  # the MTP loss updates only the MTP layer
-        "actor_rollout_ref.model.mtp.mtp_loss_scaling_factor": float(spec.mtp.loss_scaling_factor),
-        "actor_rollout_ref.model.mtp.method": "mtp",
-        "actor_rollout_ref.model.mtp.num_speculative_tokens": k,
-        # the servers load the checkpoint's weights, MTP layer included: veRL's FSDP actor holds the trunk only
-        # (Qwen2ForCausalLM drops model.mtp_layers.*), so weight sync refreshes the trunk and never the head,
-        # which with veRL's default "dummy" load stays random and drafts at chance
-        "actor_rollout_ref.rollout.load_format": "auto",
-    }
-
-
-def verl_overrides(cfg: DictConfig, model: str, train: str, val: str, device: str) -> dict[str, object]:
-    """Every veRL key this recipe sets, from the recipe config (keys mirror veRL's, so this is mostly 1:1)."""
-    data, actor, ro = cfg.data, cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
-    algo, ob, tr = cfg.algorithm, cfg.reward_model.overlong_buffer, cfg.trainer
-    model, train, val = (str(Path(p).resolve()) for p in (model, train, val))  # the job runs from the repo root
-    tokenizer = Path(model, "tokenizer")
-    out: dict[str, object] = {
-        "data.train_files": train,
-        "data.val_files": val,
-        "data.train_batch_size": int(data.train_batch_size),
-        "data.gen_batch_size": int(data.gen_batch_size),
-        "data.max_prompt_length": int(data.max_prompt_length),
-        "data.max_response_length": int(data.max_response_length),
-        "data.train_max_samples": -1 if data.train_max_samples is None else int(data.train_max_samples),
-        "data.val_max_samples": -1 if data.val_max_samples is None else int(data.val_max_samples),
-        "data.shuffle": bool(data.shuffle),
-        "data.seed": int(tr.seed),
-        "data.filter_overlong_prompts": True,
-        "actor_rollout_ref.model.path": model,
-        "actor_rollout_ref.model.tokenizer_path": str(tokenizer) if tokenizer.is_dir() else None,
-        "actor_rollout_ref.actor.strategy": str(actor.strategy),
-        "actor_rollout_ref.actor.optim.lr": float(actor.optim.lr),
-        "actor_rollout_ref.actor.optim.weight_decay": float(actor.optim.weight_decay),
-        "actor_rollout_ref.actor.optim.betas": [float(b) for b in actor.optim.betas],
-        "actor_rollout_ref.actor.ppo_mini_batch_size": int(actor.ppo_mini_batch_size),
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": int(actor.ppo_micro_batch_size_per_gpu),
-        "actor_rollout_ref.actor.ppo_epochs": int(actor.ppo_epochs),
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": int(actor.ppo_micro_batch_size_per_gpu),
-        "actor_rollout_ref.actor.clip_ratio_low": float(actor.clip_ratio_low),
-        "actor_rollout_ref.actor.clip_ratio_high": float(actor.clip_ratio_high),
-        "actor_rollout_ref.actor.clip_ratio_c": float(actor.clip_ratio_c),
-        "actor_rollout_ref.actor.loss_agg_mode": str(actor.loss_agg_mode),
-        "actor_rollout_ref.actor.grad_clip": float(actor.grad_clip),
-        "actor_rollout_ref.actor.fsdp_config.dtype": str(ro.dtype),  # train in the dtype the rollout samples in
-        "actor_rollout_ref.actor.use_kl_loss": False,  # DAPO drops the KL term
-        "actor_rollout_ref.rollout.name": "vllm",
-        "actor_rollout_ref.rollout.n": int(ro.n),
-        "actor_rollout_ref.rollout.temperature": float(ro.temperature),
-        "actor_rollout_ref.rollout.top_p": float(ro.top_p),
-        "actor_rollout_ref.rollout.dtype": str(ro.dtype),
-        "actor_rollout_ref.rollout.tensor_model_parallel_size": int(ro.tensor_model_parallel_size),
-        "actor_rollout_ref.rollout.gpu_memory_utilization": float(
-            ro.gpu_memory_utilization or (0.04 if device == "cpu" else 0.5)
-        ),
-        "actor_rollout_ref.rollout.max_num_seqs": int(ro.max_num_seqs),
-        "actor_rollout_ref.rollout.enforce_eager": bool(ro.enforce_eager),
-        "actor_rollout_ref.rollout.free_cache_engine": bool(ro.free_cache_engine),
-        "actor_rollout_ref.rollout.seed": int(tr.seed),
-        "actor_rollout_ref.rollout.router_config_path": (
-            str(REPO_ROOT / ro.router_config_path) if ro.router_config_path else None
-        ),
-        "actor_rollout_ref.rollout.disable_log_stats": False,  # the servers' stat loggers record the timeline
-        "algorithm.adv_estimator": str(algo.adv_estimator),
-        "algorithm.norm_adv_by_std_in_grpo": bool(algo.norm_adv_by_std_in_grpo),
-        "algorithm.use_kl_in_reward": False,
-        "algorithm.filter_groups.enable": bool(algo.filter_groups.enable),
-        "algorithm.filter_groups.metric": str(algo.filter_groups.metric),
-        "algorithm.filter_groups.max_num_gen_batches": int(algo.filter_groups.max_num_gen_batches),
-        "reward.reward_manager.name": "dapo",
-        "reward.custom_reward_function.path": str(REWARD_FUNCTION),
-        "reward.custom_reward_function.name": "compute_score",
-        "+reward.reward_kwargs.max_resp_len": int(data.max_response_length),
-        "+reward.reward_kwargs.overlong_buffer_cfg": {
-            "enable": bool(ob.enable),
-            "len": int(ob.len),
-            "penalty_factor": float(ob.penalty_factor),
-            "log": bool(ob.log),
-        },
-        "trainer.total_training_steps": int(tr.total_training_steps),
-        "trainer.save_freq": int(tr.save_freq),
-        "trainer.test_freq": int(tr.test_freq),
-        "trainer.val_before_train": bool(tr.val_before_train),
-        "trainer.resume_mode": str(tr.resume),
-        "trainer.default_local_dir": str(tr.default_local_dir),
-        "trainer.project_name": str(tr.project_name),
-        "trainer.experiment_name": str(tr.experiment_name),
-        "trainer.logger": list(tr.logger),
-        "trainer.nnodes": int(tr.nnodes),
-        "trainer.n_gpus_per_node": int(tr.n_gpus_per_node),
-        "trainer.device": device,
-    }
-    out = {k: v for k, v in out.items() if v is not None}
-    out.update(spec_overrides(cfg.spec))
-    if device == "cpu":
-        out.update(cpu_overrides(cfg))
-    return out
 
 
 def check_mapping(cfg: DictConfig) -> None:
@@ -204,56 +67,19 @@ def check_mapping(cfg: DictConfig) -> None:
     fg = cfg.algorithm.filter_groups
     if fg.enable and fg.max_num_gen_batches > 0:
         warnings.warn(
-            "algorithm.filter_groups.max_num_gen_batches and on_exhausted apply to backend=local only: veRL 0.9.1's "
+            "algorithm.filter_groups.max_num_gen_batches and recipe.on_exhausted apply to backend=local only: veRL 0.9.1's "
             "V1 trainer ignores them and refills until train_batch_size groups are kept, with no cap on rounds",
             stacklevel=2,
         )
 
 
-def compose_verl_config(overrides: dict[str, object]) -> DictConfig:
-    """veRL's ``ppo_trainer`` config from the installed wheel with ``overrides`` applied (unknown keys raise)."""
-    import verl
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    config_dir = str(Path(verl.__file__).parent / "trainer" / "config")
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=config_dir, version_base=None):
-        return compose(config_name="ppo_trainer", overrides=as_hydra_args(overrides))
-
-
-def as_hydra_args(overrides: dict[str, object]) -> list[str]:
-    return [f"{k}={_value(v)}" for k, v in overrides.items()]
-
-
-def launch_command(overrides: dict[str, object]) -> list[str]:
-    """The Ray job: veRL's own entry point with the overrides (what the sbatch scripts run on the head)."""
-    return [sys.executable, "-m", "verl.trainer.main_ppo", *as_hydra_args(overrides)]
-
-
-def accelerators(device: str) -> int:
-    """GPUs (or NPUs for ``device=npu``) visible to this process."""
-    if device == "npu":
-        try:
-            import torch_npu  # noqa: F401
-        except ImportError:
-            return 0
-        import torch
-
-        return int(torch.npu.device_count())
-    import torch
-
-    return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
-
-
-def resolve_device(requested: str) -> str:
-    """``trainer.device=auto``: cuda or npu where visible, else the CPU."""
-    if requested != "auto":
-        return requested
-    for device in ("cuda", "npu"):
-        if accelerators(device):
-            return device
-    return "cpu"
+def launch_command(config_file: Path) -> list[str]:
+    """The Ray job: veRL's own entry point on the run's veRL config (what the sbatch scripts run on the head)."""
+    return [
+        sys.executable, "-m", "verl.trainer.main_ppo",
+        f"--config-path={config_file.parent}", f"--config-name={config_file.stem}",
+        f"hydra.run.dir={config_file.parent}", "hydra.output_subdir=null",  # no outputs/ folder in the repository
+    ]  # fmt: skip
 
 
 # One replica peaked at 7.5-7.6 GiB PSS (results/verl/backends.md); a second adds about 3.3 GiB (../shared/DESIGN.md,
@@ -289,6 +115,17 @@ def cpu_overrides(cfg: DictConfig) -> dict[str, object]:
         # each replica's placement-group bundle takes 3 CPUs (veRL's max_colocate_count); 2 for the driver-side actors
         "ray_kwargs.ray_init.num_cpus": 2 + 3 * replicas,
     }
+
+
+def job_config(cfg: DictConfig, verl_cfg: DictConfig) -> DictConfig:
+    """The config veRL's trainer runs: the run's veRL config, with what the CPU needs, and no evaluation at a
+    resumed step (as in an uninterrupted run)."""
+    out = copy.deepcopy(verl_cfg)
+    if out.trainer.device == "cpu":
+        apply_overrides(out, cpu_overrides(cfg))
+    if out.trainer.resume_mode == "auto" and latest_step(Path(out.trainer.default_local_dir)) > 0:
+        out.trainer.val_before_train = False
+    return out
 
 
 def preflight_cpu(cfg: DictConfig) -> None:
@@ -333,12 +170,6 @@ def launch_env(device: str, out_dir: Path) -> dict[str, str]:
 
 
 TRACKING_PREFIX = "tracking_from_step_"
-LATEST_FILE = "latest_checkpointed_iteration.txt"  # veRL's resume pointer in trainer.default_local_dir
-
-
-def latest_step(out_dir: Path) -> int:
-    latest = out_dir / LATEST_FILE
-    return int(latest.read_text().strip()) if latest.is_file() else 0
 
 
 def collect_metrics(out_dir: Path, tail_threshold: int) -> list[dict]:
@@ -456,27 +287,26 @@ def cleanup_job(job_id: str, shm_before: set[str]) -> None:
             shutil.rmtree(path) if path.is_dir() else path.unlink()
 
 
-def run_verl(cfg: DictConfig, model: str, train: str, val: str) -> DictConfig | list[dict]:
-    """Dry run: print and save the veRL config and job. Otherwise run veRL's own trainer (``verl.trainer.main_ppo``,
-    the command the sbatch scripts run) and return the run's metrics history."""
+def run_verl(cfg: DictConfig, verl_cfg: DictConfig) -> DictConfig | list[dict]:
+    """Dry run: print and save veRL's config of the run (``config.verl_config``) and the job. Otherwise run veRL's
+    own trainer on it (``verl.trainer.main_ppo``, the command the sbatch scripts run) and return the run's metrics
+    history."""
     check_mapping(cfg)
-    device = resolve_device(str(cfg.trainer.device))
-    out_dir = Path(cfg.trainer.default_local_dir).resolve()
+    device = str(verl_cfg.trainer.device)
+    out_dir = Path(verl_cfg.trainer.default_local_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     job_file = out_dir / "verl_job.id"
-    if not cfg.trainer.dry_run:
+    if not cfg.recipe.dry_run:
         end_stale_job(job_file)
-    overrides = verl_overrides(cfg, model, train, val, device)
-    if cfg.trainer.resume == "auto" and latest_step(out_dir) > 0:
-        overrides["trainer.val_before_train"] = False  # as an uninterrupted run: no evaluation at the resumed step
-    verl_cfg = compose_verl_config(overrides)
-    command = launch_command(overrides)
-    (out_dir / "verl_config.yaml").write_text(OmegaConf.to_yaml(verl_cfg))
+    verl_cfg = job_config(cfg, verl_cfg)
+    config_file = out_dir / "verl_config.yaml"
+    config_file.write_text(OmegaConf.to_yaml(verl_cfg))
+    command = launch_command(config_file)
     prefix = f"{PLATFORM_ENV}={PLATFORM_NAME} " if device == "cpu" else ""
     (out_dir / "verl_launch.sh").write_text(
         "#!/usr/bin/env bash\nset -euo pipefail\n" + prefix + shlex.join(command) + "\n"
     )
-    if cfg.trainer.dry_run:
+    if cfg.recipe.dry_run:
         print(OmegaConf.to_yaml(verl_cfg))
         print(f"# Ray job ({cfg.trainer.nnodes} node(s) x {cfg.trainer.n_gpus_per_node} {device}):")
         print(prefix + shlex.join(command))
@@ -489,6 +319,6 @@ def run_verl(cfg: DictConfig, model: str, train: str, val: str) -> DictConfig | 
     code = run_job(command, launch_env(device, out_dir), job_file)
     if code != 0:
         raise RuntimeError(f"veRL's trainer exited with code {code}; its command: {out_dir / 'verl_launch.sh'}")
-    history = collect_metrics(out_dir, int(cfg.trainer.long_tail_threshold))
+    history = collect_metrics(out_dir, int(cfg.recipe.long_tail_threshold))
     plot_run(history, out_dir / "curves.png", title=f"{cfg.trainer.project_name} / {cfg.trainer.experiment_name}")
     return history
