@@ -45,22 +45,16 @@ def test_every_key_the_recipe_sets_outside_its_groups_is_a_verl_key():
     import yaml
     from hydra.core.global_hydra import GlobalHydra
 
-    from recipe.dapo.config import RECIPE_GROUPS, has_key
+    from recipe.dapo.config import RECIPE_GROUPS, has_key, leaves
 
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(Path(verl.__file__).parent / "trainer" / "config"), version_base=None):
         verl_cfg = compose(config_name="ppo_trainer")
     passed_through = ("reward.reward_kwargs",)  # veRL hands these to the reward manager as they are
 
-    def keys(node: dict, prefix: str = "") -> list[str]:
-        out = []
-        for k, v in node.items():
-            out += keys(v, f"{prefix}{k}.") if isinstance(v, dict) else [f"{prefix}{k}"]
-        return out
-
     recipe = yaml.safe_load((REPO / "configs" / "dapo.yaml").read_text())
     veRL_sections = {k: v for k, v in recipe.items() if k not in ("hydra", "defaults", *RECIPE_GROUPS)}
-    set_keys = keys(veRL_sections)
+    set_keys = list(leaves(veRL_sections))
     assert len(set_keys) > 50
     unknown = [k for k in set_keys if not k.startswith(passed_through) and not has_key(verl_cfg, k)]
     assert not unknown, f"not veRL keys: {unknown}"

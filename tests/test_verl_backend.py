@@ -50,18 +50,10 @@ def composed(*overrides: str):
 
 
 def flat(cfg) -> dict[str, object]:
-    """Every leaf of ``cfg`` by dotted key, resolved (empty sections hold no value and are left out)."""
-    out = {}
+    """Every leaf of ``cfg`` by dotted key, resolved."""
+    from recipe.dapo.config import leaves
 
-    def walk(node, prefix: str) -> None:
-        for key, value in node.items():
-            if isinstance(value, dict):
-                walk(value, f"{prefix}{key}.")
-            else:
-                out[f"{prefix}{key}"] = value
-
-    walk(OmegaConf.to_container(cfg, resolve=True), "")
-    return out
+    return leaves(OmegaConf.to_container(cfg, resolve=True))
 
 
 def test_the_job_runs_the_recipe_config_changing_only_inputs_device_and_spec(inputs):

@@ -198,23 +198,25 @@ def apply_overrides(cfg: DictConfig, overrides: dict[str, object]) -> None:
             OmegaConf.update(cfg, key, value, merge=False)
 
 
+def leaves(raw: dict, prefix: str = "") -> dict[str, object]:
+    """Every leaf of a nested dict (a config as a container) by dotted key; empty sections hold none."""
+    out: dict[str, object] = {}
+    for key, value in raw.items():
+        if isinstance(value, dict):
+            out.update(leaves(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
 def _resolve_recipe_references(cfg: DictConfig) -> None:
     """Values that interpolate a recipe group (``experiment_name: ${spec.method}``) take their value, so the
     groups can go; veRL's own interpolations stay for veRL to resolve."""
     marks = tuple("${" + group for group in RECIPE_GROUPS)
-
-    def referencing(raw: dict, prefix: str) -> list[str]:
-        keys = []
-        for key, value in raw.items():
-            if isinstance(value, dict):
-                keys += referencing(value, f"{prefix}{key}.")
-            elif isinstance(value, str) and any(m in value for m in marks):
-                keys.append(f"{prefix}{key}")
-        return keys
-
     raw = OmegaConf.to_container(cfg, resolve=False)
-    for key in referencing({k: v for k, v in raw.items() if k not in RECIPE_GROUPS}, ""):
-        OmegaConf.update(cfg, key, OmegaConf.select(cfg, key), merge=False)
+    for key, value in leaves({k: v for k, v in raw.items() if k not in RECIPE_GROUPS}).items():
+        if isinstance(value, str) and any(m in value for m in marks):
+            OmegaConf.update(cfg, key, OmegaConf.select(cfg, key), merge=False)
 
 
 def accelerators(device: str) -> int:

@@ -89,18 +89,13 @@ CPU_GIB_PER_EXTRA_REPLICA = 3.5
 
 
 def world_size(cfg: DictConfig) -> int:
-    """Ranks of the job's actor: one per GPU (on the CPU, per logical GPU)."""
+    """Ranks of the job's actor: one per GPU (on the CPU, per logical GPU, each also one vLLM server)."""
     return int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node)
-
-
-def cpu_replicas(cfg: DictConfig) -> int:
-    """vLLM servers of a CPU run: one per logical GPU (tensor parallelism 1)."""
-    return world_size(cfg)
 
 
 def cpu_overrides(cfg: DictConfig) -> dict[str, object]:
     """What veRL's trainer needs on a machine without accelerators (each setting checked necessary there)."""
-    replicas = cpu_replicas(cfg)
+    replicas = world_size(cfg)
     return {
         "actor_rollout_ref.model.use_remove_padding": False,  # the packed path needs flash-attn
         "+actor_rollout_ref.model.override_config.attn_implementation": "sdpa",
@@ -147,7 +142,7 @@ def preflight_cpu(cfg: DictConfig) -> None:
             f"actor_rollout_ref.actor.strategy: backend=verl on the CPU runs fsdp2 only "
             f"(got {cfg.actor_rollout_ref.actor.strategy!r}; FSDP1 refuses CPU parameters)"
         )
-    replicas = cpu_replicas(cfg)
+    replicas = world_size(cfg)
     need = CPU_GIB_FIRST_REPLICA + CPU_GIB_PER_EXTRA_REPLICA * (replicas - 1)
     have = psutil.virtual_memory().available / 2**30
     if have < need:
