@@ -40,6 +40,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 MODES: dict[str, list[str]] = {
     "off": ["spec=off"],
     "ngram": ["spec=ngram"],
+    "suffix": ["spec=suffix"],
     "sam": ["spec=sam", "spec.sam.group_sharing=false", "spec.sam.cross_epoch=false"],
     "sam_group": ["spec=sam", "spec.sam.group_sharing=true", "spec.sam.cross_epoch=true"],
     "mtp_frozen": ["spec=mtp", "spec.mtp.train=frozen"],
@@ -355,7 +356,7 @@ def plots(runs: dict[str, list[dict]], runs_dir: Path, out: Path) -> None:
 
     panels = [
         ("acceptance.png", [("rollout/spec_accept_length", "mean acceptance length (vLLM)",
-                             ["ngram", "sam", "sam_group", "mtp_frozen", "mtp_online"]),
+                             ["ngram", "suffix", "sam", "sam_group", "mtp_frozen", "mtp_online"]),
                             ("mtp/head_acc", "MTP head top-1 accuracy on the step's responses",
                              ["mtp_frozen", "mtp_online"])]),
         ("throughput.png", [("rollout/throughput_tok_s", "rollout tokens/s", list(runs)),

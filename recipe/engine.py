@@ -15,6 +15,15 @@ if TYPE_CHECKING:
 
 SPEC_METHODS = ("off", "ngram", "suffix", "sam", "mtp")
 SAM_PROPOSER_CLASS = "sam.vllm.SAMProposer"
+VLLM_METHOD_KEYS = {  # the spec group's keys that are vLLM speculative_config keys, per method (configs/spec/*.yaml)
+    "ngram": ("prompt_lookup_min", "prompt_lookup_max"),
+    "suffix": (
+        "suffix_decoding_max_tree_depth",
+        "suffix_decoding_max_cached_requests",
+        "suffix_decoding_max_spec_factor",
+        "suffix_decoding_min_token_prob",
+    ),
+}
 
 
 def on_gpu() -> bool:
@@ -26,8 +35,8 @@ def on_gpu() -> bool:
 def speculative_config(method: str, num_speculative_tokens: int = 3, **options: Any) -> dict | None:
     """vLLM ``speculative_config`` for one of :data:`SPEC_METHODS` (``None`` for ``off``).
 
-    ``options`` are method-specific vLLM keys (``prompt_lookup_min``/``max`` for ngram,
-    ``suffix_decoding_*`` for suffix); SAM's own options travel in ``additional_config`` instead.
+    ``options`` are the method's vLLM keys (:data:`VLLM_METHOD_KEYS`; vLLM's defaults where absent); SAM's own
+    options travel in ``additional_config`` instead.
     """
     if method not in SPEC_METHODS:
         raise ValueError(f"unknown speculative method {method!r}; expected one of {SPEC_METHODS}")
@@ -35,14 +44,14 @@ def speculative_config(method: str, num_speculative_tokens: int = 3, **options: 
         return None
     if num_speculative_tokens < 1:
         raise ValueError(f"num_speculative_tokens must be >= 1 for method {method!r}, got {num_speculative_tokens}")
-    vllm_method = "custom_class" if method == "sam" else method
-    cfg: dict[str, Any] = {"method": vllm_method, "num_speculative_tokens": num_speculative_tokens}
-    if method == "ngram":
-        cfg["prompt_lookup_min"] = options.pop("prompt_lookup_min", 2)
-        cfg["prompt_lookup_max"] = options.pop("prompt_lookup_max", 5)
-    elif method == "sam":
-        cfg["model"] = SAM_PROPOSER_CLASS
-    cfg.update(options)
+    unknown = sorted(set(options) - set(VLLM_METHOD_KEYS.get(method, ())))
+    if unknown:
+        raise ValueError(
+            f"unknown option(s) {unknown} for method {method!r}; known: {VLLM_METHOD_KEYS.get(method, ())}"
+        )
+    cfg: dict[str, Any] = {"method": method, "num_speculative_tokens": num_speculative_tokens, **options}
+    if method == "sam":
+        cfg.update(method="custom_class", model=SAM_PROPOSER_CLASS)
     return cfg
 
 
@@ -51,14 +60,13 @@ def spec_from_config(spec: DictConfig) -> tuple[dict | None, dict | None]:
     backends: the local engine gets them directly, veRL passes them through ``engine_kwargs.vllm``)."""
     from omegaconf import OmegaConf
 
-    opts = {
-        k: v
-        for k, v in OmegaConf.to_container(spec, resolve=True).items()
-        if k in ("prompt_lookup_min", "prompt_lookup_max")
-    }
-    k = int(spec.num_speculative_tokens)
-    cfg = speculative_config(str(spec.method), k, **opts) if spec.method != "off" else None
-    extra = {"sam": OmegaConf.to_container(spec.sam, resolve=True)} if spec.method == "sam" else None
+    method = str(spec.method)
+    if method == "off":
+        return None, None
+    group = OmegaConf.to_container(spec, resolve=True)
+    opts = {k: group[k] for k in VLLM_METHOD_KEYS.get(method, ()) if k in group}
+    cfg = speculative_config(method, int(spec.num_speculative_tokens), **opts)
+    extra = {"sam": group["sam"]} if method == "sam" else None
     return cfg, extra
 
 

@@ -106,9 +106,10 @@ def sample_vllm_inprocess(
     plus greedy outputs for :data:`GREEDY_PROMPTS` under key ``greedy``."""
     from vllm import SamplingParams, TokensPrompt
 
-    from recipe.engine import EngineOptions, make_llm, spec_counters, speculative_config
+    from recipe.dapo.config import spec_group
+    from recipe.engine import EngineOptions, make_llm, spec_counters, spec_from_config
 
-    spec = speculative_config(method, num_speculative_tokens=1 if method == "mtp" else k)
+    spec, _ = spec_from_config(spec_group(method, num_speculative_tokens=1 if method == "mtp" else k))
     extra = {"sam": {"batch_threshold": 1 << 20, "min_match": 1}} if method == "sam" else None
     llm = make_llm(model, spec, EngineOptions(max_model_len=512, seed=seed, dtype=dtype), additional_config=extra)
     prompt = TokensPrompt(prompt_token_ids=prompt_ids(model))
@@ -222,7 +223,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, help="HF checkpoint directory (MiMo/Qwen2)")
-    parser.add_argument("--methods", default="ngram,sam,mtp", help="comma-separated spec methods to test")
+    parser.add_argument("--methods", default="ngram,suffix,sam,mtp", help="comma-separated spec methods to test")
     parser.add_argument("--n", type=int, default=1500, help="samples per sampler and setting")
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--settings", default="1.0:1.0,0.7:0.9", help="temperature:top_p pairs")

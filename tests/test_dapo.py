@@ -60,7 +60,7 @@ def test_every_key_the_recipe_sets_outside_its_groups_is_a_verl_key():
     assert not unknown, f"not veRL keys: {unknown}"
 
 
-@pytest.mark.parametrize("spec", ["off", "ngram", "sam", "mtp"])
+@pytest.mark.parametrize("spec", ["off", "ngram", "suffix", "sam", "mtp"])
 def test_spec_groups_compose(spec):
     cfg = config(f"spec={spec}")
     validate(cfg)

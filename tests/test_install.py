@@ -40,6 +40,22 @@ def test_pinned_stack():
     assert verl.__version__ == "0.9.1"
 
 
+def test_suffix_decoding_is_built_and_drafts_what_followed_the_match():
+    """vLLM's ``suffix`` method (spec=suffix) needs Arctic Inference's compiled suffix trees, built from source by
+    the install: the prompt ``5 6 7 8 9 5 6`` + sampled ``7`` matches ``5 6 7``, which was followed by ``8 9 5``."""
+    from importlib.metadata import version
+
+    import numpy as np
+    from arctic_inference.suffix_decoding import SuffixDecodingCache
+
+    assert version("arctic-inference") == "0.3.0"
+    cache = SuffixDecodingCache(max_tree_depth=8, max_cached_requests=4)
+    cache.start_request("r", np.array([5, 6, 7, 8, 9, 5, 6], dtype=np.int32))
+    cache.add_active_response("r", [7])
+    draft = cache.speculate("r", np.array([5, 6, 7], dtype=np.int32), max_spec_tokens=3, max_spec_factor=2.0)
+    assert list(draft.token_ids) == [8, 9, 5]
+
+
 def test_lossless_plugin_entry_point_registered():
     names = {e.name: e.value for e in entry_points(group="vllm.general_plugins")}
     assert names.get("spec_rollout_lossless_cpu") == "recipe.lossless:register"

@@ -64,6 +64,7 @@ def samples(harness_model):
     vllm_runs = {
         "off": sample_vllm(model, "off", [*SETTINGS, BIASED], N, MAX_TOKENS, seed=1),
         "ngram": sample_vllm(model, "ngram", SETTINGS, N, MAX_TOKENS, seed=2),
+        "suffix": sample_vllm(model, "suffix", SETTINGS, N, MAX_TOKENS, seed=7),
         "sam": sample_vllm(model, "sam", SETTINGS, N, MAX_TOKENS, seed=3),
         "mtp": sample_vllm(model, "mtp", SETTINGS, N, MAX_TOKENS, seed=4),
         "ngram_unpatched": sample_vllm(model, "ngram", SETTINGS[:1], N, MAX_TOKENS, seed=5, patch=False),
@@ -89,7 +90,7 @@ def test_harness_has_power_against_a_biased_sampler(samples):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["ngram", "sam", "mtp"])
+@pytest.mark.parametrize("method", ["ngram", "suffix", "sam", "mtp"])
 def test_speculative_sampling_is_lossless(samples, method):
     runs, hf = samples
     for s in SETTINGS:
@@ -109,7 +110,7 @@ def test_without_the_plugin_cpu_speculation_is_biased(samples):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["ngram", "sam", "mtp"])
+@pytest.mark.parametrize("method", ["ngram", "suffix", "sam", "mtp"])
 def test_greedy_is_token_identical(samples, method):
     runs, _ = samples
     np.testing.assert_array_equal(runs[method]["greedy"], runs["off"]["greedy"])

@@ -86,7 +86,7 @@ def test_spec_reaches_verl_as_the_vllm_settings_the_local_engine_gets():
     from recipe.engine import spec_from_config
 
     vllm = "+actor_rollout_ref.rollout.engine_kwargs.vllm"
-    for method in ("sam", "ngram"):
+    for method in ("sam", "ngram", "suffix"):
         spec = recipe_config(f"spec={method}").spec
         speculative, additional = spec_from_config(spec)
         expected = {f"{vllm}.speculative_config": speculative}
@@ -102,7 +102,7 @@ def test_spec_reaches_verl_as_the_vllm_settings_the_local_engine_gets():
         assert mtp["actor_rollout_ref.rollout.load_format"] == "auto"  # the servers load the checkpoint's head
 
 
-@pytest.mark.parametrize("spec", ["off", "ngram", "sam", "mtp"])
+@pytest.mark.parametrize("spec", ["off", "ngram", "suffix", "sam", "mtp"])
 def test_every_spec_composes_against_verl_schema(inputs, spec):
     extra = ["actor_rollout_ref.actor.strategy=megatron"] if spec == "mtp" else []
     _, v = composed(*inputs, f"spec={spec}", *extra)

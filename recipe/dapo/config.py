@@ -12,13 +12,14 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from recipe.engine import SPEC_METHODS
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RECIPE_GROUPS = ("backend", "spec", "recipe")  # top-level keys that are the recipe's, not veRL's
 REPO_RELATIVE_KEYS = (  # the recipe's own files, named relative to the repository
     "reward.custom_reward_function.path",
     "actor_rollout_ref.rollout.router_config_path",
 )
-SPEC_METHODS = ("off", "ngram", "sam", "mtp")
 LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 FILTER_METRICS = ("acc", "score", "reward")  # veRL V1: "reward" (the summed score) or a reward_extra_info key
 
@@ -48,6 +49,23 @@ def validate(cfg: DictConfig) -> None:
             f"must be frozen or online, got {spec.mtp.train!r}",
         )
         _require(spec.mtp.loss_scaling_factor >= 0, "spec.mtp.loss_scaling_factor", "must be >= 0")
+    if spec.method == "suffix":
+        _require(spec.suffix_decoding_max_tree_depth >= 1, "spec.suffix_decoding_max_tree_depth", "must be >= 1")
+        _require(
+            spec.suffix_decoding_max_cached_requests >= 0, "spec.suffix_decoding_max_cached_requests", "must be >= 0"
+        )
+        _require(spec.suffix_decoding_max_spec_factor >= 0, "spec.suffix_decoding_max_spec_factor", "must be >= 0")
+        _require(
+            0 <= spec.suffix_decoding_min_token_prob <= 1, "spec.suffix_decoding_min_token_prob", "must be in [0, 1]"
+        )
+        from importlib.util import find_spec
+
+        _require(
+            find_spec("arctic_inference") is not None,
+            "spec.method",
+            "suffix needs Arctic Inference's suffix trees: pip install arctic-inference==0.3.0 (the cpu and gpu extras "
+            "install it)",
+        )
     if spec.method == "sam":
         from sam.policy import SAMOptions
 
@@ -150,6 +168,16 @@ def validate(cfg: DictConfig) -> None:
     _require(not bad, "trainer.logger", f"unknown backend(s) {bad}; known: {sorted(loggers)}")
 
 
+def spec_group(method: str, **overrides: object) -> DictConfig:
+    """The ``spec`` group of ``method`` as configs/spec/<method>.yaml sets it (for scripts that build engines
+    outside a run), with ``overrides``."""
+    _require(method in SPEC_METHODS, "spec.method", f"must be one of {SPEC_METHODS}, got {method!r}")
+    group = OmegaConf.load(REPO_ROOT / "configs" / "spec" / f"{method}.yaml")
+    for key, value in overrides.items():
+        OmegaConf.update(group, key, value)
+    return group
+
+
 def spec_overrides(spec: DictConfig) -> dict[str, object]:
     """veRL's keys for the recipe's ``spec`` group (a leading ``+`` marks a key veRL passes through to vLLM)."""
     from recipe.engine import spec_from_config
@@ -157,7 +185,7 @@ def spec_overrides(spec: DictConfig) -> dict[str, object]:
     method = str(spec.method)
     if method == "off":
         return {}
-    if method in ("ngram", "sam"):
+    if method in ("ngram", "suffix", "sam"):
         vllm = "+actor_rollout_ref.rollout.engine_kwargs.vllm"
         speculative, additional = spec_from_config(spec)  # the same vLLM settings as the local backend
         out: dict[str, object] = {f"{vllm}.speculative_config": speculative}
