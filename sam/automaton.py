@@ -1,54 +1,81 @@
-"""Online suffix automaton over token ids, compiled with numba over flat arrays.
+"""Online suffix automaton over token ids, compiled with numba over flat arrays, at about 40 bytes per token.
 
-Layout (no Python object per state):
-- per state: ``length`` (longest string), ``link`` (suffix link), ``endpos`` (end index of the state's
-  *first* occurrence in the text; a clone inherits it, which keeps it exact without ever walking links),
-  ``edge_head`` (first outgoing edge);
-- per edge: ``edge_tok``, ``edge_to``, ``edge_next`` (a singly linked list per state, so a clone can copy
-  its original's edges);
-- an open-addressing hash table ``(state, token) -> edge`` for O(1) transitions (the root of a real
-  tokenizer's text can have tens of thousands of children).
+A suffix automaton over n tokens has n + 1 *prefix states* (prefix state i's longest string is the text's first
+i tokens) and fewer than n *clones* (made when a state splits). Most of what a prefix state holds follows from
+its id, so only the rest is stored:
+- prefix state i: length i, first occurrence ending at i - 1, and the edge on ``text[i]`` to prefix state i + 1
+  (made when token i was appended; such an edge is solid, so it is never redirected). Stored: its suffix link
+  and the head of its chain of other edges (8 B).
+- clone j (id ``CLONE | j``): length, link, end of its first occurrence (inherited from the state it split off,
+  which keeps it exact without walking links), one edge inline and the head of its chain (24 B).
+- every other edge: an open-addressing hash ``(state, token) -> (target, next token of the state's chain)``,
+  16 B a slot, one cache line a probe. A state with an empty chain never probes it, and on text about four
+  edges in five are implicit or inline, so most transitions touch no hash at all.
 
-The match state ``(match_state, match_len)`` tracks the longest suffix of the text that also ends at an
-earlier position: each new token first advances the match over the automaton of the text *before* it,
-then is inserted. So a match is never the trivial self-match, and a draft is the text that followed the
-first earlier occurrence of that suffix. Matchers walk one automaton with another token stream (group
-sharing: a request matched against its siblings' finished responses).
+Measured on 1M bytes of the Python standard library (scripts/bench_sam.py): 1.6 states, 0.6 clones and 0.4
+hashed edges per token, 47 bytes per token of text with the growth slack (the layout before this one: 206).
 
-Memory: at most 2n states (16 B each), 3n edges (12 B each) and a hash table of 2-4x the edges
-(16 B per slot: key and edge side by side, one cache line per probe), plus the text (4 B/token): see :meth:`SuffixAutomaton.bytes_per_token`.
+The match state ``(match_state, match_len)`` is the longest suffix of the text that also ends at an earlier
+position: the suffix link of the newest prefix state, which the construction finds anyway. So a match is never
+the trivial self-match, and a draft is the text that followed the first earlier
+occurrence of that suffix. Matchers walk one automaton with another token stream (group sharing: a request
+matched against its siblings' finished responses).
 
-Batched decode steps: an :class:`AutomatonPool` holds many automata in numba typed lists (one entry per
-slot: a ``(states, 4)`` state table, an ``(edges, 3)`` edge table (a state's fields share a cache line), the hash, the text and the meta counters)
-so that :func:`step_rows` extends, matches and drafts every running request of a decode step in one
-compiled call (the per-request Python work would otherwise cost more than the drafting).
+Every automaton lives in a slot of an :class:`AutomatonPool` (numba typed lists of its arrays), which lets
+compiled code grow an automaton's arrays in place of the old ones and lets :func:`step_rows` extend, match and
+draft every running request of a decode step in one compiled call (per-request Python work would cost more
+than the drafting).
 """
 
 from __future__ import annotations
 
+import ctypes
 import math
 
 import numba as nb
 import numpy as np
 from numba.typed import List
 
-_EMPTY = np.int64(-1)
+CLONE = 1 << 30  # clone ids: CLONE | index into the clone table; prefix state ids: 0..n
+NO_TOK = -(2**31)  # no token: an empty chain or no inline edge (token ids must be greater)
+_LOW32 = np.int64(0xFFFFFFFF)
+_HIGH32 = ~_LOW32
 _HASH_MULT = np.uint64(0xFF51AFD7ED558CCD)
 _SHIFT = np.uint64(33)
 
-# meta slots
-N_STATES, N_EDGES, LAST, TEXT_LEN, MATCH_STATE, MATCH_LEN = range(6)
+N_CLONES, N_EXTRA, TEXT_LEN, MATCH_STATE, MATCH_LEN = range(5)  # meta slots
+P_LINK, P_HEAD, P_TOK = range(3)  # prefix-state columns; P_TOK of row i is text[i], so the text is a column
+C_LEN, C_LINK, C_END, C_TOK, C_TO, C_HEAD = range(6)  # clone columns
+GROWTH = 1.5  # arrays grow by this factor (the hash doubles)
+MAX_LOAD = 0.75  # hash slots in use before it doubles
+
+
+_madvise = ctypes.CDLL(None).madvise
+_madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+_madvise.restype = ctypes.c_int
+_MADV_HUGEPAGE = 14
+_HUGE = 1 << 21
+
+
+@nb.njit(cache=True)
+def _huge_pages(a) -> None:
+    """Ask for transparent huge pages on a big array allocated in compiled code (numpy does it for arrays
+    it allocates): the automaton is walked at random, and 4 KiB pages make most of those walks TLB misses."""
+    if a.nbytes >= _HUGE:
+        start = (a.ctypes.data + _HUGE - 1) & ~(_HUGE - 1)
+        end = (a.ctypes.data + a.nbytes) & ~(_HUGE - 1)
+        if end > start:
+            _madvise(start, end - start, _MADV_HUGEPAGE)
 
 
 @nb.njit(cache=True, inline="always")
-def _key(state: int, tok: int) -> np.int64:
-    return np.int64((np.int64(state) << 32) | (np.int64(tok) & 0xFFFFFFFF))
+def _key(state, tok) -> np.int64:
+    return np.int64((np.int64(state) << 32) | (np.int64(tok) & _LOW32))
 
 
 @nb.njit(cache=True, inline="always")
 def _slot(key: np.int64, mask: int) -> int:
-    """Table slot of a (state, token) key: a murmur-style mix, so that every key bit reaches the low bits
-    (a plain multiply keeps states that differ only in high bits on the same slot)."""
+    """Table slot of a (state, token) key: a murmur-style mix, so that every key bit reaches the low bits."""
     h = np.uint64(key)
     h ^= h >> _SHIFT
     h *= _HASH_MULT
@@ -56,13 +83,9 @@ def _slot(key: np.int64, mask: int) -> int:
     return np.int64(h & np.uint64(mask))
 
 
-_LOW32 = np.int64(0xFFFFFFFF)
-
-
 @nb.njit(cache=True)
 def _find_slot(table, state, tok) -> int:
-    """Hash slot of transition (state, tok), or -1. ``table`` interleaves keys and values, and a value packs
-    ``edge << 32 | target`` so a transition costs one cache line."""
+    """Hash slot of edge (state, tok), or -1 (``table`` interleaves keys and values)."""
     mask = (table.shape[0] >> 1) - 1
     key = _key(state, tok)
     i = _slot(key, mask)
@@ -75,11 +98,6 @@ def _find_slot(table, state, tok) -> int:
         i = (i + 1) & mask
 
 
-@nb.njit(cache=True, inline="always")
-def _target(table, i) -> int:
-    return table[2 * i + 1] & _LOW32
-
-
 @nb.njit(cache=True)
 def _hash_put(table, key, value) -> None:
     mask = (table.shape[0] >> 1) - 1
@@ -90,98 +108,164 @@ def _hash_put(table, key, value) -> None:
     table[2 * i + 1] = value
 
 
-@nb.njit(cache=True)
-def _rehash(old, new) -> None:
-    for i in range(0, old.shape[0], 2):
-        if old[i] != -1:
-            _hash_put(new, old[i], old[i + 1])
+@nb.njit(cache=True, inline="always")
+def _length(cl, s) -> int:
+    return s if s < CLONE else cl[s - CLONE, C_LEN]
+
+
+@nb.njit(cache=True, inline="always")
+def _link(pf, cl, s) -> int:
+    return pf[s, P_LINK] if s < CLONE else cl[s - CLONE, C_LINK]
+
+
+@nb.njit(cache=True, inline="always")
+def _endpos(cl, s) -> int:
+    return s - 1 if s < CLONE else cl[s - CLONE, C_END]
+
+
+@nb.njit(cache=True, inline="always")
+def _head(pf, cl, s) -> int:
+    return pf[s, P_HEAD] if s < CLONE else cl[s - CLONE, C_HEAD]
 
 
 @nb.njit(cache=True)
-def _add_edge(meta, edge_head, edge_tok, edge_to, edge_next, table, state, tok, to) -> None:
-    e = meta[N_EDGES]
-    meta[N_EDGES] = e + 1
-    edge_tok[e] = tok
-    edge_to[e] = to
-    edge_next[e] = edge_head[state]
-    edge_head[state] = e
-    _hash_put(table, _key(state, tok), (np.int64(e) << 32) | to)
+def _transition(pf, cl, table, n_text, s, c) -> int:
+    """Target of edge (s, c) in the automaton of the text's first ``n_text`` tokens, or -1."""
+    if s < CLONE:
+        if s < n_text and pf[s, P_TOK] == c:
+            return s + 1
+        if pf[s, P_HEAD] == NO_TOK:
+            return -1
+    else:
+        if cl[s - CLONE, C_TOK] == c:
+            return cl[s - CLONE, C_TO]
+        if cl[s - CLONE, C_HEAD] == NO_TOK:
+            return -1
+    i = _find_slot(table, s, c)
+    return -1 if i == -1 else table[2 * i + 1] & _LOW32
 
 
 @nb.njit(cache=True)
-def _advance(length, link, table, state, mlen, tok):
+def _add_edge(table_l, slot, table, meta, pf, cl, s, c, target):
+    """Edge (s, c) -> target: inline for a clone that has none, else at the head of ``s``'s chain in the hash
+    ``table`` (doubled first when full: then the new array replaces it in ``table_l``). Returns the hash."""
+    if s >= CLONE and cl[s - CLONE, C_TOK] == NO_TOK:
+        cl[s - CLONE, C_TOK] = c
+        cl[s - CLONE, C_TO] = target
+        return table
+    if meta[N_EXTRA] + 1 > MAX_LOAD * (table.shape[0] >> 1):
+        bigger = np.empty(2 * table.shape[0], dtype=np.int64)
+        _huge_pages(bigger)
+        bigger[:] = -1
+        for i in range(0, table.shape[0], 2):
+            if table[i] != -1:
+                _hash_put(bigger, table[i], table[i + 1])
+        table_l[slot] = bigger
+        table = bigger
+    _hash_put(table, _key(s, c), (np.int64(_head(pf, cl, s)) << 32) | target)
+    if s < CLONE:
+        pf[s, P_HEAD] = c
+    else:
+        cl[s - CLONE, C_HEAD] = c
+    meta[N_EXTRA] += 1
+    return table
+
+
+@nb.njit(cache=True)
+def _advance(pf, cl, table, n_text, state, mlen, tok):
     """Longest-suffix-match step: the match (state, mlen) extended by ``tok`` (falls back along links)."""
     # re-canonicalise: a later split may have moved strings of length mlen into an ancestor (clone)
-    while state != 0 and length[link[state]] >= mlen:
-        state = link[state]
+    while state != 0 and _length(cl, _link(pf, cl, state)) >= mlen:
+        state = _link(pf, cl, state)
     while True:
-        i = _find_slot(table, state, tok)
-        if i != -1:
-            return _target(table, i), mlen + 1
+        t = _transition(pf, cl, table, n_text, state, tok)
+        if t != -1:
+            return t, mlen + 1
         if state == 0:
             return 0, 0
-        state = link[state]
-        mlen = length[state]
+        state = _link(pf, cl, state)
+        mlen = _length(cl, state)
 
 
 @nb.njit(cache=True)
-def _extend(meta, length, link, endpos, edge_head, edge_tok, edge_to, edge_next, table, text, tokens) -> None:
-    """Append ``tokens``: for each, advance the match over earlier text, then insert (standard SAM extend)."""
+def _grown_rows(a, rows: int):
+    b = np.empty((rows, a.shape[1]), dtype=np.int32)
+    _huge_pages(b)
+    b[: a.shape[0]] = a
+    return b
+
+
+@nb.njit(cache=True)
+def _extend(pf_l, cl_l, table_l, meta_l, slot, tokens) -> None:
+    """Append ``tokens`` to automaton ``slot`` (the standard online construction, with prefix states' solid
+    edges implicit). The new prefix state's suffix link is the longest suffix of the text that also ends
+    earlier: that is the match, with no walk of its own."""
+    meta = meta_l[slot]
+    pf, cl, table = pf_l[slot], cl_l[slot], table_l[slot]
+    need = meta[TEXT_LEN] + tokens.shape[0] + 1
+    if need > pf.shape[0]:
+        pf_l[slot] = pf = _grown_rows(pf, max(need, int(GROWTH * pf.shape[0])))
     for j in range(tokens.shape[0]):
         c = tokens[j]
         pos = meta[TEXT_LEN]
-        s, ml = _advance(length, link, table, meta[MATCH_STATE], meta[MATCH_LEN], c)
-        meta[MATCH_STATE] = s
-        meta[MATCH_LEN] = ml
-
-        cur = meta[N_STATES]
-        meta[N_STATES] = cur + 1
-        last = meta[LAST]
-        length[cur] = length[last] + 1
-        endpos[cur] = pos
-        edge_head[cur] = -1
-        p = last
-        i = -1
-        while p != -1:
-            i = _find_slot(table, p, c)
-            if i != -1:
-                break
-            _add_edge(meta, edge_head, edge_tok, edge_to, edge_next, table, p, c, cur)
-            p = link[p]
-        if p == -1:
-            link[cur] = 0
-        else:
-            q = _target(table, i)
-            if length[p] + 1 == length[q]:
-                link[cur] = q
-            else:
-                clone = meta[N_STATES]
-                meta[N_STATES] = clone + 1
-                length[clone] = length[p] + 1
-                endpos[clone] = endpos[q]
-                link[clone] = link[q]
-                edge_head[clone] = -1
-                e = edge_head[q]
-                while e != -1:
-                    _add_edge(meta, edge_head, edge_tok, edge_to, edge_next, table, clone, edge_tok[e], edge_to[e])
-                    e = edge_next[e]
-                while p != -1:
-                    i = _find_slot(table, p, c)
-                    if i == -1 or _target(table, i) != q:
-                        break
-                    e = table[2 * i + 1] >> 32
-                    edge_to[e] = clone
-                    table[2 * i + 1] = (e << 32) | clone
-                    p = link[p]
-                link[q] = clone
-                link[cur] = clone
-        meta[LAST] = cur
-        text[pos] = c
+        pf[pos, P_TOK] = c  # the last prefix state's implicit edge: c -> pos + 1
         meta[TEXT_LEN] = pos + 1
+        cur = pos + 1
+        pf[cur, P_HEAD] = NO_TOK
+        p = pf[pos, P_LINK]
+        q = -1
+        while p != -1:
+            q = _transition(pf, cl, table, pos + 1, p, c)
+            if q != -1:
+                break
+            table = _add_edge(table_l, slot, table, meta, pf, cl, p, c, cur)
+            p = _link(pf, cl, p)
+        if p == -1:
+            pf[cur, P_LINK] = 0
+            meta[MATCH_STATE], meta[MATCH_LEN] = 0, 0
+            continue
+        meta[MATCH_LEN] = _length(cl, p) + 1
+        if _length(cl, q) == _length(cl, p) + 1:
+            pf[cur, P_LINK] = q
+            meta[MATCH_STATE] = q
+            continue
+        k = meta[N_CLONES]
+        if k >= cl.shape[0]:
+            cl_l[slot] = cl = _grown_rows(cl, int(GROWTH * cl.shape[0]) + 1)
+        meta[N_CLONES] = k + 1
+        clone = CLONE + k
+        cl[k, C_LEN] = _length(cl, p) + 1
+        cl[k, C_LINK] = _link(pf, cl, q)
+        cl[k, C_END] = _endpos(cl, q)
+        cl[k, C_HEAD] = NO_TOK
+        if q < CLONE:
+            cl[k, C_TOK] = pf[q, P_TOK]
+            cl[k, C_TO] = q + 1
+        else:
+            cl[k, C_TOK] = cl[q - CLONE, C_TOK]
+            cl[k, C_TO] = cl[q - CLONE, C_TO]
+        t = _head(pf, cl, q)
+        while t != NO_TOK:
+            v = table[2 * _find_slot(table, q, t) + 1]
+            table = _add_edge(table_l, slot, table, meta, pf, cl, clone, t, v & _LOW32)
+            t = v >> 32
+        while p != -1 and _transition(pf, cl, table, pos + 1, p, c) == q:
+            if p >= CLONE and cl[p - CLONE, C_TOK] == c:
+                cl[p - CLONE, C_TO] = clone
+            else:  # in the hash: a prefix state's implicit edge is solid and never points at a split state
+                i = _find_slot(table, p, c)
+                table[2 * i + 1] = (table[2 * i + 1] & _HIGH32) | clone
+            p = _link(pf, cl, p)
+        if q < CLONE:
+            pf[q, P_LINK] = clone
+        else:
+            cl[q - CLONE, C_LINK] = clone
+        pf[cur, P_LINK] = clone
+        meta[MATCH_STATE] = clone
 
 
 @nb.njit(cache=True)
-def _draft(length, link, endpos, text, text_len, state, mlen, k, min_match, out) -> int:
+def _draft(pf, cl, text_len, state, mlen, k, min_match, out) -> int:
     """Write up to ``k`` tokens that followed the first earlier occurrence of the match into ``out``.
 
     If that occurrence leaves fewer than ``k`` tokens before the end of the text, back off along suffix
@@ -190,16 +274,19 @@ def _draft(length, link, endpos, text, text_len, state, mlen, k, min_match, out)
     """
     if mlen < min_match or state == 0:
         return 0
-    while state != 0 and length[link[state]] >= mlen:
-        state = link[state]
-    e = endpos[state]
-    while text_len - e - 1 < k and link[state] > 0 and length[link[state]] >= min_match:
-        state = link[state]
-        e = endpos[state]
+    while state != 0 and _length(cl, _link(pf, cl, state)) >= mlen:
+        state = _link(pf, cl, state)
+    e = _endpos(cl, state)
+    while text_len - e - 1 < k:
+        up = _link(pf, cl, state)
+        if up <= 0 or _length(cl, up) < min_match:
+            break
+        state = up
+        e = _endpos(cl, state)
     n = 0
     i = e + 1
     while n < k and i < text_len:
-        t = text[i]
+        t = pf[i, P_TOK]
         if t < 0:
             break
         out[n] = t
@@ -209,44 +296,25 @@ def _draft(length, link, endpos, text, text_len, state, mlen, k, min_match, out)
 
 
 @nb.njit(cache=True)
-def _match_stream(length, link, table, state, mlen, tokens):
+def _match_stream(pf, cl, table, n_text, state, mlen, tokens):
     for j in range(tokens.shape[0]):
-        state, mlen = _advance(length, link, table, state, mlen, tokens[j])
+        state, mlen = _advance(pf, cl, table, n_text, state, mlen, tokens[j])
     return state, mlen
 
 
 @nb.njit(cache=True)
-def _bind(states_l, edges_l, table_l, text_l, meta_l, slot, states, edges, table, text, meta) -> None:
-    """Point pool slot ``slot`` at one automaton's arrays (appending when the slot is new)."""
-    if slot == len(meta_l):
-        states_l.append(states)
-        edges_l.append(edges)
-        table_l.append(table)
-        text_l.append(text)
-        meta_l.append(meta)
-    else:
-        states_l[slot] = states
-        edges_l[slot] = edges
-        table_l[slot] = table
-        text_l[slot] = text
-        meta_l[slot] = meta
+def _match_slot(pf_l, cl_l, table_l, meta_l, slot, state, mlen, tokens):
+    return _match_stream(pf_l[slot], cl_l[slot], table_l[slot], meta_l[slot][TEXT_LEN], state, mlen, tokens)
 
 
 @nb.njit(cache=True)
-def rows_short_of_room(text_l, meta_l, slots, tok_off, short) -> int:
-    """Flag rows whose automaton has no room for this step's tokens; returns how many."""
-    count = 0
-    for r in range(slots.shape[0]):
-        s = slots[r]
-        if s >= 0 and meta_l[s][TEXT_LEN] + tok_off[r + 1] - tok_off[r] > text_l[s].shape[0]:
-            short[r] = True
-            count += 1
-    return count
+def _draft_slot(pf_l, cl_l, meta_l, slot, state, mlen, k, min_match, out) -> int:
+    return _draft(pf_l[slot], cl_l[slot], meta_l[slot][TEXT_LEN], state, mlen, k, min_match, out)
 
 
 @nb.njit(cache=True)
 def step_rows(
-    states_l, edges_l, table_l, text_l, meta_l,
+    pf_l, cl_l, table_l, meta_l,
     own, tok_flat, tok_off, ks, src_slot, src_state, src_len, src_seen,
     min_match, tokens_per_match, own_bonus, resync, out, out_n,
 ) -> None:  # fmt: skip
@@ -262,12 +330,10 @@ def step_rows(
         s = own[r]
         if s < 0:
             continue
-        meta = meta_l[s]
-        st = states_l[s]
-        ed = edges_l[s]
-        text = text_l[s]
         toks = tok_flat[tok_off[r] : tok_off[r + 1]]
-        _extend(meta, st[:, 0], st[:, 1], st[:, 2], st[:, 3], ed[:, 0], ed[:, 1], ed[:, 2], table_l[s], text, toks)
+        _extend(pf_l, cl_l, table_l, meta_l, s, toks)
+        meta = meta_l[s]
+        pf = pf_l[s]
         best_slot = s
         best_state = meta[MATCH_STATE]
         best_mlen = meta[MATCH_LEN]
@@ -277,16 +343,14 @@ def step_rows(
             c = src_slot[s, j]
             if c < 0:
                 continue
-            cst = states_l[c]
             c_len = meta_l[c][TEXT_LEN]
             if c_len != src_seen[s, j]:
                 src_seen[s, j] = c_len
-                state, mlen = 0, 0
-                feed = text[max(0, n_text - resync) : n_text]
+                feed = pf[max(0, n_text - resync) : n_text, P_TOK]
+                state, mlen = _match_stream(pf_l[c], cl_l[c], table_l[c], c_len, 0, 0, feed)
             else:
                 state, mlen = src_state[s, j], src_len[s, j]
-                feed = toks
-            state, mlen = _match_stream(cst[:, 0], cst[:, 1], table_l[c], state, mlen, feed)
+                state, mlen = _match_stream(pf_l[c], cl_l[c], table_l[c], c_len, state, mlen, toks)
             src_state[s, j] = state
             src_len[s, j] = mlen
             if mlen > best_score:
@@ -295,54 +359,68 @@ def step_rows(
         if k <= 0 or best_mlen < min_match:
             continue
         k = min(k, math.ceil(tokens_per_match * (best_mlen - min_match + 1)))
-        b = states_l[best_slot]
-        n_best = meta_l[best_slot][TEXT_LEN]
-        out_n[r] = _draft(
-            b[:, 0], b[:, 1], b[:, 2], text_l[best_slot], n_best, best_state, best_mlen, k, min_match, out[r]
-        )
+        out_n[r] = _draft_slot(pf_l, cl_l, meta_l, best_slot, best_state, best_mlen, k, min_match, out[r])
+
+
+def _hash_slots(edges: int) -> int:
+    return 1 << max(4, math.ceil(math.log2(edges / MAX_LOAD + 1)))
 
 
 class AutomatonPool:
     """Slots of automata reachable from one compiled call (see :func:`step_rows`); freed slots are reused."""
 
     def __init__(self) -> None:
-        self.states = List.empty_list(nb.types.int32[:, ::1])
-        self.edges = List.empty_list(nb.types.int32[:, ::1])
+        self.prefix = List.empty_list(nb.types.int32[:, ::1])
+        self.clones = List.empty_list(nb.types.int32[:, ::1])
         self.table = List.empty_list(nb.types.int64[::1])
-        self.text = List.empty_list(nb.types.int32[::1])
         self.meta = List.empty_list(nb.types.int64[::1])
-        self.automata: list[SuffixAutomaton | None] = []
         self._free: list[int] = []
-        self._placeholder = SuffixAutomaton(capacity=1)
+        self._size = 0
 
     @property
     def lists(self) -> tuple:
-        return self.states, self.edges, self.table, self.text, self.meta
+        return self.prefix, self.clones, self.table, self.meta
 
     def __len__(self) -> int:
-        return len(self.automata)
+        return self._size
 
-    def acquire(self, automaton: SuffixAutomaton) -> int:
-        slot = self._free.pop() if self._free else len(self.automata)
-        if slot == len(self.automata):
-            self.automata.append(automaton)
+    def live(self) -> int:
+        return self._size - len(self._free)
+
+    def acquire(self, capacity: int) -> int:
+        """A slot holding an empty automaton with room for ``capacity`` tokens before its arrays grow."""
+        prefix = np.empty((capacity + 1, 3), dtype=np.int32)
+        prefix[0, :2] = (-1, NO_TOK)  # the root: no link, no chain
+        arrays = (
+            prefix,
+            np.empty((max(4, capacity // 2), 6), dtype=np.int32),  # text makes about 0.6 clones per token
+            np.full(2 * _hash_slots(capacity // 2), -1, dtype=np.int64),  # and about 0.4 hashed edges
+            np.zeros(5, dtype=np.int64),
+        )
+        if self._free:
+            slot = self._free.pop()
+            for lst, a in zip(self.lists, arrays, strict=True):
+                lst[slot] = a
         else:
-            self.automata[slot] = automaton
-        self.bind(slot, automaton)
+            slot = self._size
+            self._size += 1
+            for lst, a in zip(self.lists, arrays, strict=True):
+                lst.append(a)
         return slot
-
-    def bind(self, slot: int, automaton: SuffixAutomaton) -> None:
-        a = automaton
-        _bind(*self.lists, slot, a._states, a._edges, a._table, a._text, a._meta)
 
     def release(self, slot: int) -> None:
         """Drop the slot's arrays (memory is freed) and recycle the slot."""
-        self.automata[slot] = None
-        self.bind(slot, self._placeholder)
+        empty_rows = np.empty((0, 6), dtype=np.int32)
+        for lst, a in zip(
+            self.lists,
+            (empty_rows[:, :3].copy(), empty_rows, np.full(2, -1, np.int64), np.zeros(5, np.int64)),
+            strict=True,
+        ):
+            lst[slot] = a
         self._free.append(slot)
 
-    def live(self) -> int:
-        return len(self.automata) - len(self._free)
+    def nbytes(self, slot: int) -> int:
+        return sum(lst[slot].nbytes for lst in self.lists)
 
 
 class SuffixAutomaton:
@@ -355,50 +433,10 @@ class SuffixAutomaton:
     """
 
     def __init__(self, capacity: int = 1024, pool: AutomatonPool | None = None):
-        self._meta = np.zeros(6, dtype=np.int64)
-        self._pool = pool
-        self._alloc(max(16, capacity))
-        self._meta[N_STATES] = 1
-        self._meta[LAST] = 0
-        self._length[0] = 0
-        self._link[0] = -1
-        self._endpos[0] = -1
-        self._edge_head[0] = -1
+        self._pool = pool if pool is not None else AutomatonPool()
+        self.slot = self._pool.acquire(max(16, capacity))
+        self._meta = self._pool.meta[self.slot]  # never replaced while the slot is held
         self._out = np.empty(64, dtype=np.int32)
-        self.slot = pool.acquire(self) if pool is not None else -1
-
-    def _alloc(self, tokens: int) -> None:
-        self._cap = tokens
-        ns, ne = 2 * tokens + 2, 3 * tokens + 4
-        self._states = np.zeros((ns, 4), dtype=np.int32)
-        self._edges = np.zeros((ne, 3), dtype=np.int32)
-        self._length, self._link, self._endpos, self._edge_head = self._states.T
-        self._edge_head[:] = -1
-        self._edge_tok, self._edge_to, self._edge_next = self._edges.T
-        hsize = 1 << int(np.ceil(np.log2(2 * ne)))
-        self._table = np.full(2 * hsize, _EMPTY, dtype=np.int64)
-        self._text = np.zeros(tokens, dtype=np.int32)
-
-    def _grow(self, need: int) -> None:
-        if need <= self._cap:
-            return
-        old_states, old_edges = self._states, self._edges
-        old_table, old_text = self._table, self._text
-        self._alloc(max(need, 2 * self._cap))
-        self._states[: old_states.shape[0]] = old_states
-        self._edges[: old_edges.shape[0]] = old_edges
-        self._text[: old_text.shape[0]] = old_text
-        _rehash(old_table, self._table)
-        if self._pool is not None:
-            self._pool.bind(self.slot, self)
-
-    def reserve(self, tokens: int) -> None:
-        """Make room for ``tokens`` more tokens (batched steps cannot grow arrays inside compiled code)."""
-        self._grow(len(self) + tokens)
-
-    @property
-    def capacity(self) -> int:
-        return self._cap
 
     def extend(self, tokens) -> None:
         """Append ``tokens`` (ints; negative ids are reserved for separators) to the text."""
@@ -407,11 +445,9 @@ class SuffixAutomaton:
             raise ValueError(f"extend expects a 1-D sequence of token ids, got shape {arr.shape}")
         if arr.size == 0:
             return
-        self._grow(len(self) + arr.size)
-        _extend(
-            self._meta, self._length, self._link, self._endpos, self._edge_head, self._edge_tok,
-            self._edge_to, self._edge_next, self._table, self._text, arr,
-        )  # fmt: skip
+        if int(arr.min()) <= NO_TOK:
+            raise ValueError(f"token ids must be greater than {NO_TOK}, got {int(arr.min())}")
+        _extend(*self._pool.lists, self.slot, arr)
 
     def __len__(self) -> int:
         return int(self._meta[TEXT_LEN])
@@ -424,7 +460,8 @@ class SuffixAutomaton:
     def _draft_from(self, state: int, mlen: int, k: int, min_match: int) -> list[int]:
         if k > self._out.shape[0]:
             self._out = np.empty(k, dtype=np.int32)
-        n = _draft(self._length, self._link, self._endpos, self._text, len(self), state, mlen, k, min_match, self._out)
+        pool = self._pool
+        n = _draft_slot(pool.prefix, pool.clones, pool.meta, self.slot, state, mlen, k, min_match, self._out)
         return self._out[:n].tolist()
 
     def draft(self, k: int, min_match: int = 1) -> list[int]:
@@ -432,21 +469,21 @@ class SuffixAutomaton:
         return self._draft_from(int(self._meta[MATCH_STATE]), self.match_length, k, min_match)
 
     def text(self) -> np.ndarray:
-        return self._text[: len(self)].copy()
-
-    def tail(self, m: int) -> np.ndarray:
-        """The last ``m`` tokens of the text (a view, valid until the next ``extend``)."""
-        n = len(self)
-        return self._text[max(0, n - m) : n]
+        return self._pool.prefix[self.slot][: len(self), P_TOK].copy()
 
     @property
     def num_states(self) -> int:
-        return int(self._meta[N_STATES])
+        return len(self) + 1 + int(self._meta[N_CLONES])
+
+    @property
+    def num_hashed_edges(self) -> int:
+        """Edges that are neither a prefix state's implicit edge nor a clone's inline one."""
+        return int(self._meta[N_EXTRA])
 
     @property
     def nbytes(self) -> int:
-        arrays = (self._states, self._edges, self._table, self._text)
-        return sum(a.nbytes for a in arrays)
+        """Bytes of every array the automaton holds (allocated, not only used)."""
+        return self._pool.nbytes(self.slot)
 
     def bytes_per_token(self) -> float:
         return self.nbytes / max(1, len(self))
@@ -470,8 +507,8 @@ class Matcher:
     def feed(self, tokens) -> None:
         a = self.automaton
         arr = np.ascontiguousarray(tokens, dtype=np.int32)
-        self._state, self._len = _match_stream(a._length, a._link, a._table, self._state, self._len, arr)
-        self._state, self._len = int(self._state), int(self._len)
+        state, mlen = _match_slot(*a._pool.lists, a.slot, self._state, self._len, arr)
+        self._state, self._len = int(state), int(mlen)
 
     @property
     def match_length(self) -> int:

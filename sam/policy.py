@@ -26,7 +26,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from sam.automaton import AutomatonPool, SuffixAutomaton, rows_short_of_room, step_rows
+from sam.automaton import AutomatonPool, SuffixAutomaton, step_rows
 
 
 @dataclass
@@ -230,10 +230,6 @@ class BatchDrafter:
         """Append ``tokens[offsets[r]:offsets[r + 1]]`` to request ``slots[r]`` (-1: no request) and draft up
         to ``ks[r]`` tokens for it."""
         rows = slots.shape[0]
-        short = np.zeros(rows, dtype=np.bool_)
-        if rows_short_of_room(self.pool.text, self.pool.meta, slots, offsets, short):
-            for r in np.flatnonzero(short):
-                self.requests[int(slots[r])][0].reserve(int(offsets[r + 1] - offsets[r]))
         if self._out.shape[0] < rows:
             self._out = np.zeros((rows, self.k), dtype=np.int32)
             self._out_n = np.zeros(rows, dtype=np.int32)

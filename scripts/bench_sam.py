@@ -1,13 +1,14 @@
 """SAM drafter micro-benchmarks, side by side in one run, written to ``results/sam/``.
 
-1. Proposer cost per decode step: ``SAMProposer.propose`` vs vLLM's own ``NgramProposer.propose`` (and
-   Arctic Inference's suffix cache, vLLM's ``suffix`` method, when ``arctic_inference`` is installed), at
+1. Proposer cost per decode step: ``SAMProposer.propose`` vs vLLM's own ``NgramProposer.propose`` and
+   Arctic Inference's suffix cache (vLLM's ``suffix`` method's per-step work), at
    context lengths 4k/32k/128k and batch 1/16/64, on the same token rows. Each step appends 1-4 verified
    tokens per row, as vLLM does, and times the whole ``propose`` call.
 2. Ingest throughput (tokens/s into an automaton) and memory per token.
 3. Teacher-forced acceptance: draft at every position of a text and count how many draft tokens match the
    real continuation, on the embedded task's reference traces and on the Python standard library's source
-   (byte tokens): SAM vs n-gram (vLLM's matcher) vs SAM with group sharing.
+   (byte tokens): vLLM's n-gram matcher, Arctic suffix decoding as vLLM's ``suffix`` method runs it (its global
+   tree holds every earlier text), SAM on its own text, and SAM with group sharing (every earlier text).
 
     .venv/bin/python scripts/bench_sam.py [--quick]
 """
@@ -26,6 +27,7 @@ import numpy as np
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
+from recipe.dapo.config import spec_group  # noqa: E402
 from sam import SuffixAutomaton  # noqa: E402
 from sam.policy import SAMOptions  # noqa: E402
 from sam.vllm import SAMProposer  # noqa: E402
@@ -58,7 +60,7 @@ def vllm_config(max_len: int, batch: int):
 
 
 class ArcticSuffix:
-    """vLLM's ``suffix`` method's per-step work on Arctic Inference's cache (only if it is installed)."""
+    """vLLM's ``suffix`` method's per-step work on Arctic Inference's cache."""
 
     def __init__(self, rows: np.ndarray, lengths: np.ndarray):
         from arctic_inference.suffix_decoding import SuffixDecodingCache
@@ -101,11 +103,7 @@ def step_cost(context: int, batch: int, steps: int, rng: np.random.Generator) ->
     sam.propose([[int(rows[i, context - 1])] for i in range(batch)], lengths, rows)
     warm_s = time.perf_counter() - t0
     contenders = {"sam": lambda s, n, r: sam.propose(s, n, r), "vllm_ngram": lambda s, n, r: ngram.propose(K, s, n, r)}
-    try:
-        arctic = ArcticSuffix(rows[:batch], lengths[:batch])
-        contenders["arctic_suffix"] = arctic.propose
-    except ImportError:
-        pass
+    contenders["arctic_suffix"] = ArcticSuffix(rows[:batch], lengths[:batch]).propose
     times: dict[str, list[float]] = {name: [] for name in contenders}
     for _ in range(steps):
         sampled = []
@@ -123,14 +121,22 @@ def step_cost(context: int, batch: int, steps: int, rng: np.random.Generator) ->
     return out
 
 
-def ingest(tokens: np.ndarray) -> dict:
-    sa = SuffixAutomaton()
-    sa.extend(tokens[:1000])  # compile
-    sa = SuffixAutomaton()
-    t = time.perf_counter()
-    sa.extend(tokens)
-    dt = time.perf_counter() - t
-    return {"tokens": int(tokens.size), "tokens_per_s": tokens.size / dt, "bytes_per_token": sa.bytes_per_token()}
+def ingest(tokens: np.ndarray, repeats: int = 5) -> dict:
+    """Tokens/s into one automaton grown from the default capacity (median of ``repeats``) and its bytes per
+    token, for the whole of ``tokens`` and for automata of a tenth of it (a prompt's history, say)."""
+    SuffixAutomaton().extend(tokens[:1000])  # compile
+    out = {"tokens": int(tokens.size)}
+    for name, size in (("", tokens.size), ("tenth_", tokens.size // 10)):
+        rates = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            for start in range(0, tokens.size, size):
+                sa = SuffixAutomaton()
+                sa.extend(tokens[start : start + size])
+            rates.append(tokens.size / (time.perf_counter() - t))
+        out[f"{name}tokens_per_s"] = float(np.median(rates))
+        out[f"{name}bytes_per_token"] = sa.bytes_per_token()
+    return out
 
 
 def ngram_draft(text: np.ndarray, n: int, k: int, min_n: int = 2, max_n: int = 5) -> list[int]:
@@ -143,23 +149,36 @@ def ngram_draft(text: np.ndarray, n: int, k: int, min_n: int = 2, max_n: int = 5
 
 def teacher_forced(texts: list[np.ndarray], prefixes: list[np.ndarray] | None = None) -> dict:
     """Accepted draft tokens per position (greedy prefix match with the real continuation)."""
+    from arctic_inference.suffix_decoding import SuffixDecodingCache
+
     opts = SAMOptions(min_match=2)
+    suffix_opts = {k.removeprefix("suffix_decoding_"): v for k, v in spec_group("suffix").items() if k != "method"}
     result = {}
-    for mode in ("ngram", "sam", "sam_group"):
+    for mode in ("ngram", "suffix", "sam", "sam_group"):
         accepted = drafted = positions = 0
         group = SuffixAutomaton()
+        arctic = SuffixDecodingCache(suffix_opts["max_tree_depth"], suffix_opts["max_cached_requests"])
         for t_i, text in enumerate(texts):
             sa = SuffixAutomaton()
             matcher = group.matcher() if mode == "sam_group" else None
-            if prefixes is not None:
-                sa.extend(prefixes[t_i])
+            prefix = prefixes[t_i] if prefixes is not None else text[:0]
+            if mode == "suffix":
+                arctic.start_request(t_i, prefix)
+            sa.extend(prefix)
             for pos in range(len(text) - 1):
                 sa.extend(text[pos : pos + 1])
                 if matcher is not None:
                     matcher.feed(text[pos : pos + 1])
                 if mode == "ngram":
-                    ctx = np.concatenate([prefixes[t_i], text[: pos + 1]]) if prefixes is not None else text[: pos + 1]
+                    ctx = np.concatenate([prefix, text[: pos + 1]])
                     draft = ngram_draft(ctx, len(ctx), K)
+                elif mode == "suffix":  # what vLLM's suffix proposer does each step
+                    arctic.add_active_response(t_i, text[pos : pos + 1])
+                    ctx = np.concatenate([prefix, text[: pos + 1]])[-suffix_opts["max_tree_depth"] :]
+                    draft = arctic.speculate(
+                        t_i, ctx, max_spec_tokens=K, max_spec_factor=suffix_opts["max_spec_factor"],
+                        min_token_prob=suffix_opts["min_token_prob"],
+                    ).token_ids  # fmt: skip
                 else:
                     src = sa
                     if matcher is not None and matcher.match_length > sa.match_length:
@@ -174,6 +193,8 @@ def teacher_forced(texts: list[np.ndarray], prefixes: list[np.ndarray] | None = 
                 positions += 1
             group.extend(text)
             group.extend([-(t_i + 1)])
+            if mode == "suffix":
+                arctic.stop_request(t_i)  # the response stays in the global tree
         result[mode] = {
             "accepted_per_position": accepted / positions,
             "draft_acceptance_rate": accepted / max(1, drafted),
@@ -200,7 +221,7 @@ def main() -> None:
             row = step_cost(context, batch, steps, rng)
             cost.append(row)
             print(json.dumps(row))
-    ing = ingest(stdlib_tokens(200_000 if args.quick else 1_000_000))
+    ing = ingest(stdlib_tokens(200_000 if args.quick else 1_000_000), repeats=2 if args.quick else 5)
     print(json.dumps(ing))
 
     from recipe.data.task import generate_rows
@@ -258,8 +279,10 @@ def write_tables(out: Path, cost: list[dict], ing: dict, acceptance: dict) -> No
         )
     lines += [
         "",
-        f"Ingest: {ing['tokens_per_s'] / 1e6:.2f} M tokens/s into one automaton ({ing['tokens']} tokens), "
-        f"{ing['bytes_per_token']:.0f} bytes per token of text.",
+        f"Ingest (median of repeats, each automaton grown from the default capacity): "
+        f"{ing['tokens_per_s'] / 1e6:.2f} M tokens/s into one automaton of {ing['tokens']} tokens at "
+        f"{ing['bytes_per_token']:.0f} bytes per token of text; {ing['tenth_tokens_per_s'] / 1e6:.2f} M tokens/s "
+        f"into automata of {ing['tokens'] // 10} tokens at {ing['tenth_bytes_per_token']:.0f} bytes per token.",
         "",
         "## Teacher-forced acceptance (draft at every position, K=4)",
         "",

@@ -115,7 +115,14 @@ def test_rejects_bad_input_and_reports_memory():
     sa = SuffixAutomaton()
     with pytest.raises(ValueError, match="1-D"):
         sa.extend([[1, 2]])
+    with pytest.raises(ValueError, match="greater than"):
+        sa.extend([1, -(2**31)])
     rng = np.random.default_rng(0)
     sa.extend(rng.integers(0, 1000, size=20000))
-    assert 50 < sa.bytes_per_token() < 400
+    assert sa.bytes_per_token() <= 64  # the budget the layout is built for (sam/automaton.py)
     assert sa.num_states <= 2 * len(sa)
+    real = SuffixAutomaton(capacity=16)  # grown from tiny: the growth slack counts too
+    real.extend(
+        np.frombuffer(Path(np.__file__).parent.joinpath("lib", "_function_base_impl.py").read_bytes(), np.uint8)
+    )
+    assert len(real) > 100_000 and real.bytes_per_token() <= 64
