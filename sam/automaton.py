@@ -29,7 +29,6 @@ than the drafting).
 
 from __future__ import annotations
 
-import ctypes
 import math
 
 import numba as nb
@@ -47,12 +46,13 @@ N_CLONES, N_EXTRA, TEXT_LEN, MATCH_STATE, MATCH_LEN = range(5)  # meta slots
 P_LINK, P_HEAD, P_TOK = range(3)  # prefix-state columns; P_TOK of row i is text[i], so the text is a column
 C_LEN, C_LINK, C_END, C_TOK, C_TO, C_HEAD = range(6)  # clone columns
 GROWTH = 1.5  # arrays grow by this factor (the hash doubles)
+BYTES_PER_TOKEN = 64  # the memory budget the layout keeps on text (tests/test_sam_automaton.py), for sizing bounds
 MAX_LOAD = 0.75  # hash slots in use before it doubles
 
 
-_madvise = ctypes.CDLL(None).madvise
-_madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-_madvise.restype = ctypes.c_int
+# libc's madvise by symbol name (resolved when the code is linked, so the compiled functions stay cacheable;
+# a ctypes pointer would make numba recompile them in every process); the address passes as an integer
+_madvise = nb.types.ExternalFunction("madvise", nb.types.intc(nb.types.uintp, nb.types.uintp, nb.types.intc))
 _MADV_HUGEPAGE = 14
 _HUGE = 1 << 21
 

@@ -11,8 +11,8 @@ response so no draft runs from one response into the next. Each response is stor
 ``lead_tokens`` tokens (the group's ``lead``): a new request's context ends with the same tokens, so it matches
 its siblings' openings from its first step instead of only after ``min_match`` tokens of its own. When the last
 active sample of a prompt finishes, the rollout's sibling responses move into the history (if ``cross_epoch``)
-and the sibling automaton is dropped, so memory is bounded by ``max_history_tokens`` per prompt and
-``max_groups``.
+and the sibling automaton is dropped. Memory is bounded by ``max_history_tokens`` per prompt and by
+``max_history_bytes`` for all prompts' histories together (the least recently used prompts' histories go first).
 
 All automata of a drafter live in one :class:`~sam.automaton.AutomatonPool`, and :class:`BatchDrafter` runs a
 whole decode step (every running request's extend, matchers and draft) in one compiled call.
@@ -26,7 +26,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from sam.automaton import AutomatonPool, SuffixAutomaton, step_rows
+from sam.automaton import BYTES_PER_TOKEN, AutomatonPool, SuffixAutomaton, step_rows
 
 
 @dataclass
@@ -42,7 +42,7 @@ class SAMOptions:
     cross_epoch: bool = True  # draft from earlier rollouts' responses to the same prompt
     own_bonus: int = 0  # match-length bonus of the request's own text over group material
     max_history_tokens: int = 65536  # per prompt; oldest responses are dropped beyond it
-    max_groups: int = 4096  # prompts whose history is kept (least recently used dropped)
+    max_history_bytes: int = 4 << 30  # all prompts' history automata together; least recently used prompts' dropped
     resync_tokens: int = 64  # tokens re-matched when group material grows under a running request
 
     @classmethod
@@ -61,6 +61,12 @@ class SAMOptions:
             raise ValueError(f"SAM option batch_threshold must be >= 0, got {opts.batch_threshold}")
         if opts.lead_tokens < 0:
             raise ValueError(f"SAM option lead_tokens must be >= 0, got {opts.lead_tokens}")
+        if opts.cross_epoch and opts.max_history_bytes < BYTES_PER_TOKEN * opts.max_history_tokens:
+            raise ValueError(
+                f"SAM option max_history_bytes={opts.max_history_bytes} cannot hold one prompt's history of "
+                f"max_history_tokens={opts.max_history_tokens} at {BYTES_PER_TOKEN} bytes per token: raise it to at "
+                f"least {BYTES_PER_TOKEN * opts.max_history_tokens}, or lower max_history_tokens"
+            )
         return opts
 
     def draft_length(self, match_length: int, k: int) -> int:
@@ -74,10 +80,10 @@ class ResponseCorpus:
     """Responses to one prompt in one pooled automaton, each after the prompt's ``lead`` tokens and followed by a
     unique negative separator."""
 
-    def __init__(self, pool: AutomatonPool, lead: np.ndarray) -> None:
+    def __init__(self, pool: AutomatonPool, lead: np.ndarray, capacity: int = 256) -> None:
         self.pool = pool
         self.lead = lead
-        self.automaton = SuffixAutomaton(capacity=256, pool=pool)
+        self.automaton = SuffixAutomaton(capacity=capacity, pool=pool)
         self.responses: list[np.ndarray] = []
 
     def add(self, response: np.ndarray) -> None:
@@ -99,6 +105,10 @@ class ResponseCorpus:
     def num_tokens(self) -> int:
         return len(self.automaton)
 
+    @property
+    def nbytes(self) -> int:
+        return self.automaton.nbytes
+
 
 class Group:
     """Draft material for one prompt; corpora are only replaced while no request of the prompt runs."""
@@ -115,23 +125,21 @@ class Group:
 
 
 class GroupStore:
-    """Prompt key -> :class:`Group`; LRU-bounded (groups with running requests are kept), history trimmed."""
+    """Prompt key -> :class:`Group`, most recently used last; histories bounded per prompt (tokens) and in all
+    (bytes: idle prompts' groups are dropped, least recently used first)."""
 
     def __init__(self, options: SAMOptions, pool: AutomatonPool):
         self.options = options
         self.pool = pool
         self.groups: OrderedDict[bytes, Group] = OrderedDict()
+        self.history_bytes = 0  # of every group's history automaton
 
     def join(self, key: bytes, lead: np.ndarray) -> Group:
         """A request of prompt ``key`` started; ``lead`` is the prompt's tail that precedes every response."""
         group = self.groups.get(key)
         if group is None:
             group = self.groups[key] = Group(self.pool, lead)
-            excess = len(self.groups) - self.options.max_groups
-            if excess > 0:  # least recently used first; groups with running requests stay
-                idle = [k for k, g in self.groups.items() if g.active == 0 and k != key][:excess]
-                for k in idle:
-                    self.groups.pop(k).close()
+            self.history_bytes += group.history.nbytes
         self.groups.move_to_end(key)
         group.active += 1
         return group
@@ -144,17 +152,39 @@ class GroupStore:
         if group.active > 0:
             return
         if not opts.cross_epoch:
-            self.groups.pop(key, None)
-            group.close()
+            self._drop(key)
             return
         kept = group.history.responses + group.siblings.responses
-        while kept and sum(group.lead.size + r.size + 1 for r in kept) > opts.max_history_tokens:
+        sizes = [group.lead.size + r.size + 1 for r in kept]
+        while kept and sum(sizes) > opts.max_history_tokens:
             kept.pop(0)
+            sizes.pop(0)
+        self.history_bytes -= group.history.nbytes
         group.close()
-        group.history = ResponseCorpus(self.pool, group.lead)
+        group.history = ResponseCorpus(self.pool, group.lead, capacity=sum(sizes))
         for r in kept:
             group.history.add(r)
         group.siblings = ResponseCorpus(self.pool, group.lead)
+        self.history_bytes += group.history.nbytes
+        for k in [k for k, g in self.groups.items() if g.active == 0 and k != key]:  # least recently used first
+            if self.history_bytes <= opts.max_history_bytes:
+                break
+            self._drop(k)
+
+    def restore(self, key: bytes, lead: np.ndarray, responses: list) -> None:
+        """An idle group whose history holds ``responses`` (a checkpoint's, :meth:`SAMProposer.state_dict`)."""
+        group = self.groups[key] = Group(self.pool, lead)
+        self.history_bytes -= group.history.nbytes
+        group.history.close()
+        group.history = ResponseCorpus(self.pool, lead, capacity=sum(lead.size + len(r) + 1 for r in responses))
+        for r in responses:
+            group.history.add(np.asarray(r, dtype=np.int32))
+        self.history_bytes += group.history.nbytes
+
+    def _drop(self, key: bytes) -> None:
+        group = self.groups.pop(key)
+        self.history_bytes -= group.history.nbytes
+        group.close()
 
     def num_tokens(self) -> int:
         return sum(g.siblings.num_tokens + g.history.num_tokens for g in self.groups.values())

@@ -71,10 +71,7 @@ class SAMProposer:
         self.drafter = BatchDrafter(self.options, self.k)
         self.slot_of = {}
         for key, (lead, responses) in state.items():
-            group = self.drafter.groups.join(key, np.asarray(lead, dtype=np.int32))
-            group.active = 0
-            for r in responses:
-                group.history.add(np.asarray(r, dtype=np.int32))
+            self.drafter.groups.restore(key, np.asarray(lead, dtype=np.int32), responses)
 
     def request_text(self, request_id: str) -> np.ndarray:
         """Prompt + verified tokens of a tracked request as of the last step."""

@@ -1,13 +1,14 @@
-"""End-to-end rollout benchmark with vLLM on the base model: spec off vs vLLM n-gram vs SAM variants.
+"""End-to-end rollout benchmark with vLLM on the base model: spec off vs vLLM n-gram and suffix vs SAM variants.
 
 ``--repeats`` rollouts (``--prompts`` prompts x ``--n`` samples at temperature 1, the DAPO shape) per mode, on the same
 prompts, each engine warmed up on other prompts first. Reports tokens/s and mean tokens per request-step
 (the acceptance length, bonus token included) over the whole rollout and in its long tail (at most ``--tail``
 active requests), from the engine-step timeline. SAM modes: own text only; + group sharing (finished
 siblings); + cross-epoch (the drafter saw an earlier rollout of the same prompts, as in the next DAPO epoch);
-``@G`` sets a mode's gate (SAM drafts only while at most G requests are active; default ``--gate``),
+``suffix`` is vLLM's suffix decoding (Arctic Inference), shown the same earlier rollout as the cross-epoch SAM
+modes (its global tree keeps earlier responses). ``@G`` sets a mode's gate (SAM drafts only while at most G requests are active; default ``--gate``),
 ``/kK`` its draft length cap K, ``/tX`` its tokens per match and ``/lL`` its prompt tokens stored before each group
-response (defaults: configs/spec/sam.yaml).
+response (defaults: configs/spec/<method>.yaml).
 ``noop`` is vLLM's speculative path with a proposer that never drafts: the cost of the path itself.
 
     .venv/bin/python scripts/bench_rollout.py [--prompts 16 --n 8 --modes off,sam+group+epoch@256/k4/t1]
@@ -30,6 +31,7 @@ MODES = {
     "off": ("off", None),
     "noop": ("noop", None),
     "ngram": ("ngram", None),
+    "suffix": ("suffix", None),
     "sam": ("sam", {"group_sharing": False, "cross_epoch": False}),
     "sam+group": ("sam", {"group_sharing": True, "cross_epoch": False}),
     "sam+group+epoch": ("sam", {"group_sharing": True, "cross_epoch": True}),
@@ -57,7 +59,11 @@ def parse_mode(name: str, default_gate: int, sam_defaults: dict) -> tuple[str, i
     if base_name not in MODES:
         return None
     method, sam_opts = MODES[base_name]
-    k = 0 if method == "off" else int(sam_defaults["ngram_k" if method == "ngram" else "num_speculative_tokens"])
+    k = (
+        0
+        if method == "off"
+        else int(sam_defaults[f"{method}_k" if method in ("ngram", "suffix") else "num_speculative_tokens"])
+    )
     opts = {key: sam_defaults[key] for key in ("min_match", "tokens_per_match", "lead_tokens")}
     try:
         for suffix in suffixes:
@@ -80,7 +86,8 @@ def parse_mode(name: str, default_gate: int, sam_defaults: dict) -> tuple[str, i
 
 
 def engine_spec(method: str, k: int) -> dict | None:
-    from recipe.engine import speculative_config
+    from recipe.dapo.config import spec_group
+    from recipe.engine import spec_from_config
 
     if method == "noop":
         return {
@@ -88,7 +95,7 @@ def engine_spec(method: str, k: int) -> dict | None:
             "model": f"{Path(__file__).stem}.NoDraftProposer",
             "num_speculative_tokens": k,
         }
-    return speculative_config(method, k) if method != "off" else None
+    return spec_from_config(spec_group(method, num_speculative_tokens=k))[0]  # configs/spec/<method>.yaml, K set
 
 
 def main() -> None:
@@ -129,6 +136,7 @@ def main() -> None:
         "tokens_per_match": sam_cfg.sam.tokens_per_match,
         "lead_tokens": sam_cfg.sam.lead_tokens,
         "ngram_k": OmegaConf.load(REPO_ROOT / "configs" / "spec" / "ngram.yaml").num_speculative_tokens,
+        "suffix_k": OmegaConf.load(REPO_ROOT / "configs" / "spec" / "suffix.yaml").num_speculative_tokens,
     }
     engines, ks = {}, {}
     for name in args.modes.split(","):
@@ -145,7 +153,7 @@ def main() -> None:
             str(ckpt), spec, EngineOptions(max_model_len=1024, seed=0, dtype="float32"), extra, free_cache_engine=False
         )
         engine.generate(warm, args.n, sampling)  # same shape on other prompts: every batch size seen once
-        if sam_opts and sam_opts["cross_epoch"]:
+        if method == "suffix" or (sam_opts and sam_opts["cross_epoch"]):
             engine.generate(prompts, args.n, sampling)  # the previous epoch of the same prompts
         engines[name] = engine
     # modes interleaved, rollout by rollout, so machine noise and drift hit every mode alike

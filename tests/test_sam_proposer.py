@@ -225,13 +225,29 @@ def test_bad_options_are_named():
         make_proposer(lead_tokens=-1)
 
 
-def test_history_is_bounded_by_max_groups_and_evicted_memory_is_freed():
-    proposer = make_proposer(batch_threshold=100, min_match=2, group_sharing=True, cross_epoch=True, max_groups=2)
-    for p in range(4):  # four prompts, one after the other: the two least recently used are dropped
-        Driver(proposer, {f"r{p}": ([1, 2, 3 + p], list(range(10, 40)))}, seed=p).run()
-    groups = proposer.drafter.groups.groups
-    assert len(groups) == 2
-    assert proposer.drafter.pool.live() == 2 * len(groups)  # siblings + history automaton per kept group
+def test_history_is_bounded_by_bytes_and_evicted_memory_is_freed():
+    def run(max_history_bytes: int):
+        proposer = make_proposer(
+            batch_threshold=100, min_match=2, group_sharing=True, cross_epoch=True, max_history_tokens=64,
+            max_history_bytes=max_history_bytes,
+        )  # fmt: skip
+        for p in range(6):  # six prompts, one after the other
+            Driver(proposer, {f"r{p}": ([1, 2, 3 + p], list(range(10 + p, 40 + p)))}, seed=p).run()
+        return proposer.drafter.groups
+
+    unbounded = run(1 << 30)
+    one_history = next(iter(unbounded.groups.values())).history.nbytes
+    assert len(unbounded.groups) == 6 and unbounded.history_bytes == 6 * one_history
+    store = run(max(64 * 64, int(2.5 * one_history)))  # room for two prompts' histories: the oldest four go
+    assert [int(g.lead[-1]) for g in store.groups.values()] == [3 + 4, 3 + 5]  # the two most recent prompts
+    assert store.history_bytes == sum(g.history.nbytes for g in store.groups.values()) <= 2.5 * one_history
+    assert store.pool.live() == 2 * len(store.groups)  # siblings + history automaton per kept group, the rest freed
+
+
+def test_a_history_bound_too_small_for_one_prompt_is_refused_at_start():
+    with pytest.raises(ValueError, match="max_history_bytes=1000 cannot hold"):
+        make_proposer(cross_epoch=True, max_history_tokens=64, max_history_bytes=1000)
+    make_proposer(cross_epoch=False, max_history_tokens=64, max_history_bytes=1000)  # no history kept: no bound
 
 
 def test_a_preempted_request_is_filed_once_with_its_whole_response():
