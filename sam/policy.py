@@ -174,7 +174,6 @@ class GroupStore:
     def restore(self, key: bytes, lead: np.ndarray, responses: list) -> None:
         """An idle group whose history holds ``responses`` (a checkpoint's, :meth:`SAMProposer.state_dict`)."""
         group = self.groups[key] = Group(self.pool, lead)
-        self.history_bytes -= group.history.nbytes
         group.history.close()
         group.history = ResponseCorpus(self.pool, lead, capacity=sum(lead.size + len(r) + 1 for r in responses))
         for r in responses:

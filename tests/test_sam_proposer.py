@@ -178,6 +178,8 @@ def test_a_new_request_drafts_its_siblings_opening_from_its_first_step_and_after
     Driver(proposer, {"a": (prompt, answer)}).run()  # a finished: its response is the prompt's history
     restored = make_proposer(**opts)
     restored.load_state_dict(proposer.state_dict())  # what a trainer checkpoint keeps
+    store = restored.drafter.groups  # the memory bound counts restored histories as it counts grown ones
+    assert store.history_bytes == sum(g.history.nbytes for g in store.groups.values()) > 0
     for p in (proposer, restored):
         first = Driver(p, {"c": (prompt, answer)}, seed=5).step()["c"]  # one token of its own so far
         assert len(first) >= 2 and first == answer[1 : 1 + len(first)]
