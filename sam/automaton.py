@@ -381,9 +381,6 @@ class AutomatonPool:
     def lists(self) -> tuple:
         return self.prefix, self.clones, self.table, self.meta
 
-    def __len__(self) -> int:
-        return self._size
-
     def live(self) -> int:
         return self._size - len(self._free)
 
@@ -474,11 +471,6 @@ class SuffixAutomaton:
     @property
     def num_states(self) -> int:
         return len(self) + 1 + int(self._meta[N_CLONES])
-
-    @property
-    def num_hashed_edges(self) -> int:
-        """Edges that are neither a prefix state's implicit edge nor a clone's inline one."""
-        return int(self._meta[N_EXTRA])
 
     @property
     def nbytes(self) -> int:

@@ -59,11 +59,7 @@ def parse_mode(name: str, default_gate: int, sam_defaults: dict) -> tuple[str, i
     if base_name not in MODES:
         return None
     method, sam_opts = MODES[base_name]
-    k = (
-        0
-        if method == "off"
-        else int(sam_defaults[f"{method}_k" if method in ("ngram", "suffix") else "num_speculative_tokens"])
-    )
+    k = 0 if method == "off" else int(sam_defaults["k"][method])
     opts = {key: sam_defaults[key] for key in ("min_match", "tokens_per_match", "lead_tokens")}
     try:
         for suffix in suffixes:
@@ -101,6 +97,7 @@ def engine_spec(method: str, k: int) -> dict | None:
 def main() -> None:
     from omegaconf import OmegaConf
 
+    from recipe.dapo.config import spec_group
     from recipe.dapo.data import load_prompts
     from recipe.dapo.rollout import RolloutEngine
     from recipe.engine import EngineOptions
@@ -129,14 +126,14 @@ def main() -> None:
     warm, prompts = ids[: args.prompts], ids[args.prompts : 2 * args.prompts]
     sampling = {"temperature": 1.0, "top_p": 1.0, "max_tokens": 768}
     gate = args.tail if args.gate is None else args.gate
-    sam_cfg = OmegaConf.load(REPO_ROOT / "configs" / "spec" / "sam.yaml")
+    sam_cfg = spec_group("sam")
     sam_defaults = {
-        "num_speculative_tokens": sam_cfg.num_speculative_tokens,
         "min_match": sam_cfg.sam.min_match,
         "tokens_per_match": sam_cfg.sam.tokens_per_match,
         "lead_tokens": sam_cfg.sam.lead_tokens,
-        "ngram_k": OmegaConf.load(REPO_ROOT / "configs" / "spec" / "ngram.yaml").num_speculative_tokens,
-        "suffix_k": OmegaConf.load(REPO_ROOT / "configs" / "spec" / "suffix.yaml").num_speculative_tokens,
+        # each method's K as configs/spec sets it; noop prices the path at SAM's K
+        "k": {m: spec_group(m).num_speculative_tokens for m in ("ngram", "suffix", "sam")}
+        | {"noop": sam_cfg.num_speculative_tokens},
     }
     engines, ks = {}, {}
     for name in args.modes.split(","):

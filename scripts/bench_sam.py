@@ -60,25 +60,26 @@ def vllm_config(max_len: int, batch: int):
 
 
 class ArcticSuffix:
-    """vLLM's ``suffix`` method's per-step work on Arctic Inference's cache."""
+    """vLLM's ``suffix`` method's per-step work on Arctic Inference's cache, with configs/spec/suffix.yaml's
+    options: append a request's newly sampled tokens, then draft from the end of its context."""
 
-    def __init__(self, rows: np.ndarray, lengths: np.ndarray):
+    def __init__(self):
         from arctic_inference.suffix_decoding import SuffixDecodingCache
 
-        self.cache = SuffixDecodingCache(max_tree_depth=24, max_cached_requests=10000)
-        for i in range(rows.shape[0]):
-            self.cache.start_request(i, rows[i, : lengths[i] - 1].copy())
-            self.cache.add_active_response(i, rows[i, lengths[i] - 1 : lengths[i]].copy())
+        opts = spec_group("suffix")
+        self.depth = int(opts.suffix_decoding_max_tree_depth)
+        self.spec_factor = float(opts.suffix_decoding_max_spec_factor)
+        self.min_token_prob = float(opts.suffix_decoding_min_token_prob)
+        self.cache = SuffixDecodingCache(self.depth, int(opts.suffix_decoding_max_cached_requests))
 
-    def propose(self, sampled, lengths, rows):
-        drafts = []
-        for i, s in enumerate(sampled):
-            self.cache.add_active_response(i, np.asarray(s, dtype=np.int32))
-            n = int(lengths[i])
-            ctx = np.ascontiguousarray(rows[i, max(0, n - 24) : n])
-            draft = self.cache.speculate(i, ctx, max_spec_tokens=K, max_spec_factor=1.0, min_token_prob=0.1)
-            drafts.append(list(draft.token_ids))
-        return drafts
+    def step(self, request: int, sampled, context: np.ndarray) -> list[int]:
+        """``context``: the request's prompt and response so far, ``sampled`` included."""
+        self.cache.add_active_response(request, np.asarray(sampled, dtype=np.int32))
+        draft = self.cache.speculate(
+            request, np.ascontiguousarray(context[-self.depth :]), max_spec_tokens=K,
+            max_spec_factor=self.spec_factor, min_token_prob=self.min_token_prob,
+        )  # fmt: skip
+        return list(draft.token_ids)
 
 
 def step_cost(context: int, batch: int, steps: int, rng: np.random.Generator) -> dict:
@@ -103,7 +104,11 @@ def step_cost(context: int, batch: int, steps: int, rng: np.random.Generator) ->
     sam.propose([[int(rows[i, context - 1])] for i in range(batch)], lengths, rows)
     warm_s = time.perf_counter() - t0
     contenders = {"sam": lambda s, n, r: sam.propose(s, n, r), "vllm_ngram": lambda s, n, r: ngram.propose(K, s, n, r)}
-    contenders["arctic_suffix"] = ArcticSuffix(rows[:batch], lengths[:batch]).propose
+    arctic = ArcticSuffix()
+    for i in range(batch):
+        arctic.cache.start_request(i, rows[i, : context - 1].copy())
+        arctic.step(i, rows[i, context - 1 : context], rows[i, :context])
+    contenders["arctic_suffix"] = lambda s, n, r: [arctic.step(i, s[i], r[i, : n[i]]) for i in range(len(s))]
     times: dict[str, list[float]] = {name: [] for name in contenders}
     for _ in range(steps):
         sampled = []
@@ -149,21 +154,18 @@ def ngram_draft(text: np.ndarray, n: int, k: int, min_n: int = 2, max_n: int = 5
 
 def teacher_forced(texts: list[np.ndarray], prefixes: list[np.ndarray] | None = None) -> dict:
     """Accepted draft tokens per position (greedy prefix match with the real continuation)."""
-    from arctic_inference.suffix_decoding import SuffixDecodingCache
-
     opts = SAMOptions(min_match=2)
-    suffix_opts = {k.removeprefix("suffix_decoding_"): v for k, v in spec_group("suffix").items() if k != "method"}
     result = {}
     for mode in ("ngram", "suffix", "sam", "sam_group"):
         accepted = drafted = positions = 0
         group = SuffixAutomaton()
-        arctic = SuffixDecodingCache(suffix_opts["max_tree_depth"], suffix_opts["max_cached_requests"])
+        arctic = ArcticSuffix()
         for t_i, text in enumerate(texts):
             sa = SuffixAutomaton()
             matcher = group.matcher() if mode == "sam_group" else None
             prefix = prefixes[t_i] if prefixes is not None else text[:0]
             if mode == "suffix":
-                arctic.start_request(t_i, prefix)
+                arctic.cache.start_request(t_i, prefix)
             sa.extend(prefix)
             for pos in range(len(text) - 1):
                 sa.extend(text[pos : pos + 1])
@@ -172,13 +174,8 @@ def teacher_forced(texts: list[np.ndarray], prefixes: list[np.ndarray] | None = 
                 if mode == "ngram":
                     ctx = np.concatenate([prefix, text[: pos + 1]])
                     draft = ngram_draft(ctx, len(ctx), K)
-                elif mode == "suffix":  # what vLLM's suffix proposer does each step
-                    arctic.add_active_response(t_i, text[pos : pos + 1])
-                    ctx = np.concatenate([prefix, text[: pos + 1]])[-suffix_opts["max_tree_depth"] :]
-                    draft = arctic.speculate(
-                        t_i, ctx, max_spec_tokens=K, max_spec_factor=suffix_opts["max_spec_factor"],
-                        min_token_prob=suffix_opts["min_token_prob"],
-                    ).token_ids  # fmt: skip
+                elif mode == "suffix":
+                    draft = arctic.step(t_i, text[pos : pos + 1], np.concatenate([prefix, text[: pos + 1]]))
                 else:
                     src = sa
                     if matcher is not None and matcher.match_length > sa.match_length:
@@ -194,7 +191,7 @@ def teacher_forced(texts: list[np.ndarray], prefixes: list[np.ndarray] | None = 
             group.extend(text)
             group.extend([-(t_i + 1)])
             if mode == "suffix":
-                arctic.stop_request(t_i)  # the response stays in the global tree
+                arctic.cache.stop_request(t_i)  # the response stays in the global tree
         result[mode] = {
             "accepted_per_position": accepted / positions,
             "draft_acceptance_rate": accepted / max(1, drafted),
