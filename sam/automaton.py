@@ -21,6 +21,11 @@ the trivial self-match, and a draft is the text that followed the first earlier
 occurrence of that suffix. Matchers walk one automaton with another token stream (group sharing: a request
 matched against its siblings' finished responses).
 
+An automaton that stops growing for a while (a prompt's finished responses) can be *counted* (:func:`_count`,
+linear, 8 more bytes per state): how often each state's strings occur and where they last end. Drafts from it
+then follow the continuation most occurrences took, for as long as its estimated chance holds
+(:func:`_draft_counted`).
+
 Every automaton lives in a slot of an :class:`AutomatonPool` (numba typed lists of its arrays), which lets
 compiled code grow an automaton's arrays in place of the old ones and lets :func:`step_rows` extend, match and
 draft every running request of a decode step in one compiled call (per-request Python work would cost more
@@ -42,9 +47,11 @@ _HIGH32 = ~_LOW32
 _HASH_MULT = np.uint64(0xFF51AFD7ED558CCD)
 _SHIFT = np.uint64(33)
 
-N_CLONES, N_EXTRA, TEXT_LEN, MATCH_STATE, MATCH_LEN = range(5)  # meta slots
+N_CLONES, N_EXTRA, TEXT_LEN, MATCH_STATE, MATCH_LEN, COUNTED_LEN = range(6)  # meta slots (COUNTED_LEN: the text
+# length the occurrence counts were taken at, -1 if never)
 P_LINK, P_HEAD, P_TOK = range(3)  # prefix-state columns; P_TOK of row i is text[i], so the text is a column
 C_LEN, C_LINK, C_END, C_TOK, C_TO, C_HEAD = range(6)  # clone columns
+S_OCC, S_LAST = range(2)  # occurrence-count columns: occurrences of a state's strings, end of the last one
 GROWTH = 1.5  # arrays grow by this factor (the hash doubles)
 BYTES_PER_TOKEN = 64  # the memory budget the layout keeps on text (tests/test_sam_automaton.py), for sizing bounds
 MAX_LOAD = 0.75  # hash slots in use before it doubles
@@ -296,6 +303,107 @@ def _draft(pf, cl, text_len, state, mlen, k, min_match, out) -> int:
 
 
 @nb.njit(cache=True)
+def _count(pf_l, cl_l, meta_l, stats_l, slot) -> None:
+    """Occurrence counts of every state of automaton ``slot``: how many times its strings occur in the text and
+    where the last occurrence ends (a state's end positions are its prefix states' in its suffix-link subtree,
+    so counts flow from longer states to their links). Row of prefix state i: i; of clone j: text length + 1 + j.
+    """
+    meta = meta_l[slot]
+    pf, cl = pf_l[slot], cl_l[slot]
+    n = meta[TEXT_LEN]
+    n_clones = meta[N_CLONES]
+    rows = n + 1 + n_clones
+    st = np.empty((rows, 2), dtype=np.int32)
+    _huge_pages(st)
+    st[:, S_OCC] = 0
+    st[:, S_LAST] = -1
+    by_length = np.zeros(n + 2, dtype=np.int64)  # counting sort of the states, longest first
+    by_length[: n + 1] = 1
+    for j in range(n_clones):
+        by_length[cl[j, C_LEN]] += 1
+    at = 0
+    for length in range(n, -1, -1):
+        count = by_length[length]
+        by_length[length] = at
+        at += count
+    order = np.empty(rows, dtype=np.int64)
+    for i in range(n + 1):
+        order[by_length[i]] = i
+        by_length[i] += 1
+    for j in range(n_clones):
+        length = cl[j, C_LEN]
+        order[by_length[length]] = n + 1 + j
+        by_length[length] += 1
+    for i in range(1, n + 1):
+        st[i, S_OCC] = 1
+        st[i, S_LAST] = i - 1
+    for r in order:
+        if r == 0:
+            continue
+        link = pf[r, P_LINK] if r <= n else cl[r - n - 1, C_LINK]
+        up = link if link < CLONE else n + 1 + (link - CLONE)
+        st[up, S_OCC] += st[r, S_OCC]
+        st[up, S_LAST] = max(st[up, S_LAST], st[r, S_LAST])
+    stats_l[slot] = st
+    meta[COUNTED_LEN] = n
+
+
+@nb.njit(cache=True, inline="always")
+def _stat_row(n_text, s) -> int:
+    return s if s < CLONE else n_text + 1 + (s - CLONE)
+
+
+@nb.njit(cache=True)
+def _draft_counted(pf, cl, table, st, n_text, state, mlen, k, min_match, prior, min_prob, out) -> int:
+    """Write up to ``k`` tokens into ``out``, each the continuation that most occurrences of the match take
+    (the latest occurrence breaks ties), while the estimated chance that the whole draft is accepted stays at
+    least ``min_prob``. A token's chance is its count over the match's count plus ``prior`` (a continuation
+    seen once is a guess; one seen in 7 of 8 responses is likely). Needs counts taken at ``n_text``
+    (:func:`_count`). Stops at a separator (negative token). Returns the number of tokens written.
+    """
+    if mlen < min_match or state == 0:
+        return 0
+    while state != 0 and _length(cl, _link(pf, cl, state)) >= mlen:
+        state = _link(pf, cl, state)
+    chance = 1.0
+    n = 0
+    while n < k:
+        best_tok, best_to, best_occ, best_last = NO_TOK, -1, 0, -1
+        if state < CLONE:
+            if state < n_text:
+                t, to = pf[state, P_TOK], state + 1
+                o, last = st[to, S_OCC], st[to, S_LAST]
+                if t >= 0 and (o > best_occ or (o == best_occ and last > best_last)):
+                    best_tok, best_to, best_occ, best_last = t, to, o, last
+            h = pf[state, P_HEAD]
+        else:
+            t, to = cl[state - CLONE, C_TOK], cl[state - CLONE, C_TO]
+            if t != NO_TOK:
+                row = _stat_row(n_text, to)
+                o, last = st[row, S_OCC], st[row, S_LAST]
+                if t >= 0 and (o > best_occ or (o == best_occ and last > best_last)):
+                    best_tok, best_to, best_occ, best_last = t, to, o, last
+            h = cl[state - CLONE, C_HEAD]
+        while h != NO_TOK:
+            v = table[2 * _find_slot(table, state, h) + 1]
+            to = v & _LOW32
+            row = _stat_row(n_text, to)
+            o, last = st[row, S_OCC], st[row, S_LAST]
+            if h >= 0 and (o > best_occ or (o == best_occ and last > best_last)):
+                best_tok, best_to, best_occ, best_last = h, to, o, last
+            h = v >> 32
+        if best_to < 0:
+            break
+        chance *= best_occ / (st[_stat_row(n_text, state), S_OCC] + prior)
+        if chance < min_prob:
+            break
+        out[n] = best_tok
+        n += 1
+        state = best_to
+    return n
+
+
+@nb.njit(cache=True)
 def _match_stream(pf, cl, table, n_text, state, mlen, tokens):
     for j in range(tokens.shape[0]):
         state, mlen = _advance(pf, cl, table, n_text, state, mlen, tokens[j])
@@ -314,16 +422,19 @@ def _draft_slot(pf_l, cl_l, meta_l, slot, state, mlen, k, min_match, out) -> int
 
 @nb.njit(cache=True)
 def step_rows(
-    pf_l, cl_l, table_l, meta_l,
+    pf_l, cl_l, table_l, meta_l, stats_l,
     own, tok_flat, tok_off, ks, src_slot, src_state, src_len, src_seen,
-    min_match, tokens_per_match, own_bonus, resync, out, out_n,
+    min_match, tokens_per_match, own_bonus, resync, count_prior, min_token_prob, out, out_n,
 ) -> None:  # fmt: skip
     """One decode step for every row: append row ``r``'s verified tokens to automaton ``own[r]``, advance its
     matchers into the group corpora ``src_slot[own[r]]`` (re-matching its last ``resync`` tokens when a corpus
-    grew), and draft up to ``ks[r]`` tokens from the source with the longest match into ``out[r]``.
+    grew), and draft up to ``ks[r]`` tokens for it into ``out[r]`` from the source with the longest match (the
+    request's own text wins ties and gets ``own_bonus`` extra match length).
 
-    Draft length: ``min(ks[r], ceil(tokens_per_match * (match - min_match + 1)))``, nothing below
-    ``min_match``; the request's own text wins ties and gets ``own_bonus`` extra match length.
+    From a counted corpus (:func:`_count`) the draft follows the most frequent continuation while its estimated
+    chance stays at least ``min_token_prob`` (:func:`_draft_counted`). From the request's own text (never counted:
+    it grows every step) it is what followed the first earlier occurrence, ``min(ks[r], ceil(tokens_per_match *
+    (match - min_match + 1)))`` tokens; nothing below ``min_match``.
     """
     for r in range(own.shape[0]):
         out_n[r] = 0
@@ -358,6 +469,13 @@ def step_rows(
         k = ks[r]
         if k <= 0 or best_mlen < min_match:
             continue
+        c_meta = meta_l[best_slot]
+        if best_slot != s and c_meta[COUNTED_LEN] == c_meta[TEXT_LEN]:
+            out_n[r] = _draft_counted(
+                pf_l[best_slot], cl_l[best_slot], table_l[best_slot], stats_l[best_slot], c_meta[TEXT_LEN],
+                best_state, best_mlen, k, min_match, count_prior, min_token_prob, out[r],
+            )  # fmt: skip
+            continue
         k = min(k, math.ceil(tokens_per_match * (best_mlen - min_match + 1)))
         out_n[r] = _draft_slot(pf_l, cl_l, meta_l, best_slot, best_state, best_mlen, k, min_match, out[r])
 
@@ -374,11 +492,13 @@ class AutomatonPool:
         self.clones = List.empty_list(nb.types.int32[:, ::1])
         self.table = List.empty_list(nb.types.int64[::1])
         self.meta = List.empty_list(nb.types.int64[::1])
+        self.stats = List.empty_list(nb.types.int32[:, ::1])  # occurrence counts of counted automata (_count)
         self._free: list[int] = []
         self._size = 0
 
     @property
     def lists(self) -> tuple:
+        """The arrays that building and matching read; :attr:`stats` only counted drafting does."""
         return self.prefix, self.clones, self.table, self.meta
 
     def live(self) -> int:
@@ -392,32 +512,43 @@ class AutomatonPool:
             prefix,
             np.empty((max(4, capacity // 2), 6), dtype=np.int32),  # text makes about 0.6 clones per token
             np.full(2 * _hash_slots(capacity // 2), -1, dtype=np.int64),  # and about 0.4 hashed edges
-            np.zeros(5, dtype=np.int64),
+            np.array([0, 0, 0, 0, 0, -1], dtype=np.int64),
+            np.empty((0, 2), dtype=np.int32),
         )
         if self._free:
             slot = self._free.pop()
-            for lst, a in zip(self.lists, arrays, strict=True):
+            for lst, a in zip(self._all, arrays, strict=True):
                 lst[slot] = a
         else:
             slot = self._size
             self._size += 1
-            for lst, a in zip(self.lists, arrays, strict=True):
+            for lst, a in zip(self._all, arrays, strict=True):
                 lst.append(a)
         return slot
+
+    @property
+    def _all(self) -> tuple:
+        return (*self.lists, self.stats)
 
     def release(self, slot: int) -> None:
         """Drop the slot's arrays (memory is freed) and recycle the slot."""
         empty_rows = np.empty((0, 6), dtype=np.int32)
         for lst, a in zip(
-            self.lists,
-            (empty_rows[:, :3].copy(), empty_rows, np.full(2, -1, np.int64), np.zeros(5, np.int64)),
+            self._all,
+            (
+                empty_rows[:, :3].copy(),
+                empty_rows,
+                np.full(2, -1, np.int64),
+                np.array([0, 0, 0, 0, 0, -1], np.int64),
+                empty_rows[:, :2].copy(),
+            ),
             strict=True,
         ):
             lst[slot] = a
         self._free.append(slot)
 
     def nbytes(self, slot: int) -> int:
-        return sum(lst[slot].nbytes for lst in self.lists)
+        return sum(lst[slot].nbytes for lst in self._all)
 
 
 class SuffixAutomaton:
@@ -465,6 +596,16 @@ class SuffixAutomaton:
         """Up to ``k`` tokens that followed an earlier occurrence of the longest matching suffix."""
         return self._draft_from(int(self._meta[MATCH_STATE]), self.match_length, k, min_match)
 
+    def count_occurrences(self) -> None:
+        """Count how often each state's strings occur (until the text grows again), for :meth:`Matcher.draft_frequent`
+        and the drafts of :func:`step_rows` from this automaton. Linear in the text; 8 bytes per state."""
+        pool = self._pool
+        _count(pool.prefix, pool.clones, pool.meta, pool.stats, self.slot)
+
+    @property
+    def counted(self) -> bool:
+        return self._meta[COUNTED_LEN] == self._meta[TEXT_LEN]
+
     def text(self) -> np.ndarray:
         return self._pool.prefix[self.slot][: len(self), P_TOK].copy()
 
@@ -508,3 +649,17 @@ class Matcher:
 
     def draft(self, k: int, min_match: int = 1) -> list[int]:
         return self.automaton._draft_from(self._state, self._len, k, min_match)
+
+    def draft_frequent(self, k: int, min_match: int = 1, prior: float = 1.0, min_prob: float = 0.0) -> list[int]:
+        """Up to ``k`` tokens, each the most frequent continuation, while the estimated chance of the whole draft
+        stays at least ``min_prob`` (see :func:`_draft_counted`); the automaton must be counted."""
+        a = self.automaton
+        if not a.counted:
+            raise ValueError("draft_frequent needs occurrence counts of the current text: call count_occurrences()")
+        pool = a._pool
+        out = np.empty(max(1, k), dtype=np.int32)
+        n = _draft_counted(
+            pool.prefix[a.slot], pool.clones[a.slot], pool.table[a.slot], pool.stats[a.slot], len(a), self._state,
+            self._len, k, min_match, prior, min_prob, out,
+        )  # fmt: skip
+        return out[:n].tolist()

@@ -7,7 +7,10 @@ Each request drafts from up to three sources and keeps the one with the longest 
 - ``history``: responses to the same prompt from earlier rollouts (RhymeRL / SPEC-RL's cross-epoch reuse).
 
 Group material lives in one automaton per prompt and source, with a unique negative separator after each
-response so no draft runs from one response into the next. Each response is stored after its prompt's last
+response so no draft runs from one response into the next. It is counted each time it grows (a sibling
+finished), so a draft from it follows the continuation most responses took and stops where its estimated
+chance (counts, ``count_prior``) falls below ``min_token_prob``; a request's own text, which grows every step,
+drafts what followed the first earlier occurrence, by the match-length rule. Each response is stored after its prompt's last
 ``lead_tokens`` tokens (the group's ``lead``): a new request's context ends with the same tokens, so it matches
 its siblings' openings from its first step instead of only after ``min_match`` tokens of its own. When the last
 active sample of a prompt finishes, the rollout's sibling responses move into the history (if ``cross_epoch``)
@@ -40,10 +43,16 @@ class SAMOptions:
     # them, drafts its siblings' openings from its first step (0: only after min_match tokens of its own)
     group_sharing: bool = True  # draft from finished sibling responses of the same prompt
     cross_epoch: bool = True  # draft from earlier rollouts' responses to the same prompt
-    own_bonus: int = 0  # match-length bonus of the request's own text over group material
+    own_bonus: int = 0  # match-length bonus of the request's own text over group material (negative: group wins)
     max_history_tokens: int = 65536  # per prompt; oldest responses are dropped beyond it
     max_history_bytes: int = 4 << 30  # all prompts' history automata together; least recently used prompts' dropped
     resync_tokens: int = 64  # tokens re-matched when group material grows under a running request
+    draft_from_counts: bool = True  # drafts from group material follow the continuation most responses took, for
+    # as long as its estimated chance holds (False: the first earlier occurrence, by the match-length rule)
+    count_prior: float = 1.0  # drafts from group material: a continuation's chance is its count over the match's
+    # count plus this (seen once: 1/2; in 7 of 8 responses: 7/9)
+    min_token_prob: float = 0.05  # drafts from group material stop where the whole draft's estimated chance falls
+    # below this
 
     @classmethod
     def from_dict(cls, d: dict | None) -> SAMOptions:
@@ -59,6 +68,10 @@ class SAMOptions:
             raise ValueError(f"SAM option tokens_per_match must be > 0, got {opts.tokens_per_match}")
         if opts.batch_threshold < 0:
             raise ValueError(f"SAM option batch_threshold must be >= 0, got {opts.batch_threshold}")
+        if opts.count_prior < 0:
+            raise ValueError(f"SAM option count_prior must be >= 0, got {opts.count_prior}")
+        if not 0 <= opts.min_token_prob <= 1:
+            raise ValueError(f"SAM option min_token_prob must be in [0, 1], got {opts.min_token_prob}")
         if opts.lead_tokens < 0:
             raise ValueError(f"SAM option lead_tokens must be >= 0, got {opts.lead_tokens}")
         if opts.cross_epoch and opts.max_history_bytes < BYTES_PER_TOKEN * opts.max_history_tokens:
@@ -78,21 +91,26 @@ class SAMOptions:
 
 class ResponseCorpus:
     """Responses to one prompt in one pooled automaton, each after the prompt's ``lead`` tokens and followed by a
-    unique negative separator."""
+    unique negative separator, with occurrence counts (drafts follow what most responses did)."""
 
-    def __init__(self, pool: AutomatonPool, lead: np.ndarray, capacity: int = 256) -> None:
+    def __init__(self, pool: AutomatonPool, lead: np.ndarray, counted: bool, capacity: int = 256) -> None:
         self.pool = pool
         self.lead = lead
+        self.counted = counted
         self.automaton = SuffixAutomaton(capacity=capacity, pool=pool)
         self.responses: list[np.ndarray] = []
 
-    def add(self, response: np.ndarray) -> None:
-        if response.size == 0:
-            return
-        self.responses.append(response)
-        self.automaton.extend(self.lead)
-        self.automaton.extend(response)
-        self.automaton.extend([-len(self.responses)])
+    def add(self, responses: list[np.ndarray]) -> None:
+        """Store ``responses``; a counted corpus counts its occurrences again (linear in all it holds)."""
+        for response in responses:
+            if response.size == 0:
+                continue
+            self.responses.append(response)
+            self.automaton.extend(self.lead)
+            self.automaton.extend(response)
+            self.automaton.extend([-len(self.responses)])
+        if self.counted:
+            self.automaton.count_occurrences()
 
     def close(self) -> None:
         self.pool.release(self.automaton.slot)
@@ -113,10 +131,11 @@ class ResponseCorpus:
 class Group:
     """Draft material for one prompt; corpora are only replaced while no request of the prompt runs."""
 
-    def __init__(self, pool: AutomatonPool, lead: np.ndarray):
+    def __init__(self, pool: AutomatonPool, lead: np.ndarray, counted: bool):
         self.lead = lead
-        self.siblings = ResponseCorpus(pool, lead)
-        self.history = ResponseCorpus(pool, lead)
+        self.counted = counted
+        self.siblings = ResponseCorpus(pool, lead, counted)
+        self.history = ResponseCorpus(pool, lead, counted)
         self.active = 0
 
     def close(self) -> None:
@@ -138,7 +157,7 @@ class GroupStore:
         """A request of prompt ``key`` started; ``lead`` is the prompt's tail that precedes every response."""
         group = self.groups.get(key)
         if group is None:
-            group = self.groups[key] = Group(self.pool, lead)
+            group = self.groups[key] = Group(self.pool, lead, self.options.draft_from_counts)
             self.history_bytes += group.history.nbytes
         self.groups.move_to_end(key)
         group.active += 1
@@ -147,24 +166,23 @@ class GroupStore:
     def leave(self, key: bytes, group: Group, response: np.ndarray) -> None:
         """A request of ``group`` finished with ``response``."""
         opts = self.options
-        group.siblings.add(response)
         group.active -= 1
         if group.active > 0:
+            group.siblings.add([response])
             return
         if not opts.cross_epoch:
             self._drop(key)
             return
-        kept = group.history.responses + group.siblings.responses
+        kept = group.history.responses + group.siblings.responses + ([response] if response.size else [])
         sizes = [group.lead.size + r.size + 1 for r in kept]
         while kept and sum(sizes) > opts.max_history_tokens:
             kept.pop(0)
             sizes.pop(0)
         self.history_bytes -= group.history.nbytes
         group.close()
-        group.history = ResponseCorpus(self.pool, group.lead, capacity=sum(sizes))
-        for r in kept:
-            group.history.add(r)
-        group.siblings = ResponseCorpus(self.pool, group.lead)
+        group.history = ResponseCorpus(self.pool, group.lead, group.counted, capacity=sum(sizes))
+        group.history.add(kept)
+        group.siblings = ResponseCorpus(self.pool, group.lead, group.counted)
         self.history_bytes += group.history.nbytes
         for k in [k for k, g in self.groups.items() if g.active == 0 and k != key]:  # least recently used first
             if self.history_bytes <= opts.max_history_bytes:
@@ -173,11 +191,12 @@ class GroupStore:
 
     def restore(self, key: bytes, lead: np.ndarray, responses: list) -> None:
         """An idle group whose history holds ``responses`` (a checkpoint's, :meth:`SAMProposer.state_dict`)."""
-        group = self.groups[key] = Group(self.pool, lead)
+        group = self.groups[key] = Group(self.pool, lead, self.options.draft_from_counts)
         group.history.close()
-        group.history = ResponseCorpus(self.pool, lead, capacity=sum(lead.size + len(r) + 1 for r in responses))
-        for r in responses:
-            group.history.add(np.asarray(r, dtype=np.int32))
+        group.history = ResponseCorpus(
+            self.pool, lead, group.counted, capacity=sum(lead.size + len(r) + 1 for r in responses)
+        )
+        group.history.add([np.asarray(r, dtype=np.int32) for r in responses])
         self.history_bytes += group.history.nbytes
 
     def _drop(self, key: bytes) -> None:
@@ -264,8 +283,8 @@ class BatchDrafter:
             self._out_n = np.zeros(rows, dtype=np.int32)
         opts = self.options
         step_rows(
-            *self.pool.lists, slots, tokens, offsets, ks, self.src_slot, self.src_state, self.src_len,
-            self.src_seen, opts.min_match, float(opts.tokens_per_match), opts.own_bonus, opts.resync_tokens,
-            self._out, self._out_n,
+            *self.pool.lists, self.pool.stats, slots, tokens, offsets, ks, self.src_slot, self.src_state,
+            self.src_len, self.src_seen, opts.min_match, float(opts.tokens_per_match), opts.own_bonus,
+            opts.resync_tokens, float(opts.count_prior), float(opts.min_token_prob), self._out, self._out_n,
         )  # fmt: skip
         return [d[:n] for d, n in zip(self._out[:rows].tolist(), self._out_n[:rows].tolist(), strict=True)]

@@ -7,8 +7,9 @@ active requests), from the engine-step timeline. SAM modes: own text only; + gro
 siblings); + cross-epoch (the drafter saw an earlier rollout of the same prompts, as in the next DAPO epoch);
 ``suffix`` is vLLM's suffix decoding (Arctic Inference), shown the same earlier rollout as the cross-epoch SAM
 modes (its global tree keeps earlier responses). ``@G`` sets a mode's gate (SAM drafts only while at most G requests are active; default ``--gate``),
-``/kK`` its draft length cap K, ``/tX`` its tokens per match and ``/lL`` its prompt tokens stored before each group
-response (defaults: configs/spec/<method>.yaml).
+``/kK`` its draft length cap K, and ``/<letter><value>`` a SAM option (SAM_MODE_OPTIONS: ``/t`` tokens per match, ``/l``
+lead tokens, ``/m`` min match, ``/o`` own bonus, ``/p`` min token prob, ``/c0`` first-occurrence drafts from group
+material; defaults: configs/spec/<method>.yaml).
 ``noop`` is vLLM's speculative path with a proposer that never drafts: the cost of the path itself.
 
     .venv/bin/python scripts/bench_rollout.py [--prompts 16 --n 8 --modes off,sam+group+epoch@256/k4/t1]
@@ -51,24 +52,34 @@ class NoDraftProposer:
         return [[] for _ in sampled_token_ids]
 
 
+SAM_MODE_OPTIONS = {  # letter of a SAM mode's "/<letter><value>" suffix -> (SAM option, type)
+    "t": ("tokens_per_match", float),
+    "l": ("lead_tokens", int),
+    "m": ("min_match", int),
+    "o": ("own_bonus", int),
+    "p": ("min_token_prob", float),
+    "c": ("draft_from_counts", lambda v: bool(int(v))),
+}
+
+
 def parse_mode(name: str, default_gate: int, sam_defaults: dict) -> tuple[str, int, dict | None] | None:
-    """``base[@gate][/kK][/tX][/lL]`` -> (method, K, SAM options), or None when the name is not a known mode.
-    Every speculative mode takes ``/kK``; only SAM modes take a gate, tokens per match and lead tokens."""
+    """``base[@gate][/kK][/<letter><value>...]`` -> (method, K, SAM options), or None when the name is not a known
+    mode. Every speculative mode takes ``/kK``; only SAM modes take a gate and the SAM_MODE_OPTIONS letters."""
     head, *suffixes = name.split("/")
     base_name, _, gate = head.partition("@")
     if base_name not in MODES:
         return None
     method, sam_opts = MODES[base_name]
     k = 0 if method == "off" else int(sam_defaults["k"][method])
-    opts = {key: sam_defaults[key] for key in ("min_match", "tokens_per_match", "lead_tokens")}
+    opts = {}
     try:
         for suffix in suffixes:
-            if suffix[:1] == "k" and method != "off":
-                k = int(suffix[1:])
-            elif suffix[:1] == "t" and method == "sam":
-                opts["tokens_per_match"] = float(suffix[1:])
-            elif suffix[:1] == "l" and method == "sam":
-                opts["lead_tokens"] = int(suffix[1:])
+            letter, value = suffix[:1], suffix[1:]
+            if letter == "k" and method != "off":
+                k = int(value)
+            elif letter in SAM_MODE_OPTIONS and method == "sam":
+                key, kind = SAM_MODE_OPTIONS[letter]
+                opts[key] = kind(value)
             else:
                 return None
         if gate and method != "sam":
@@ -78,7 +89,7 @@ def parse_mode(name: str, default_gate: int, sam_defaults: dict) -> tuple[str, i
         return None
     if method != "sam":
         return method, k, None
-    return method, k, {"batch_threshold": gate_value, **opts, **sam_opts}
+    return method, k, {**sam_defaults["sam"], "batch_threshold": gate_value, **opts, **sam_opts}
 
 
 def engine_spec(method: str, k: int) -> dict | None:
@@ -111,7 +122,7 @@ def main() -> None:
     parser.add_argument(
         "--modes",
         default=",".join(MODES),
-        help="comma-separated; a SAM mode may name its gate, K, tokens per match and lead: sam+group@32/k4/t1/l3",
+        help="comma-separated; a SAM mode may name its gate, K and options: sam+group@32/k4/t1/l3/m2/o-1/p0.05/c1",
     )
     parser.add_argument("--repeats", type=int, default=3, help="rollouts per mode (interleaved); medians reported")
     parser.add_argument("--out", default=str(REPO_ROOT / "results" / "sam"))
@@ -128,9 +139,7 @@ def main() -> None:
     gate = args.tail if args.gate is None else args.gate
     sam_cfg = spec_group("sam")
     sam_defaults = {
-        "min_match": sam_cfg.sam.min_match,
-        "tokens_per_match": sam_cfg.sam.tokens_per_match,
-        "lead_tokens": sam_cfg.sam.lead_tokens,
+        "sam": {key: sam_cfg.sam[key] for key in (option for option, _ in SAM_MODE_OPTIONS.values())},
         # each method's K as configs/spec sets it; noop prices the path at SAM's K
         "k": {m: spec_group(m).num_speculative_tokens for m in ("ngram", "suffix", "sam")}
         | {"noop": sam_cfg.num_speculative_tokens},
@@ -195,7 +204,7 @@ def main() -> None:
         f"Produced by `.venv/bin/python scripts/bench_rollout.py --prompts {args.prompts} --n {args.n} "
         f"--repeats {args.repeats} --tail {args.tail} --gate {gate} --modes {args.modes}` (temperature 1, long tail = "
         f"at most {args.tail} active requests, SAM drafts at most {gate} active requests unless a mode says @G, K, "
-        "tokens per match and lead from configs/spec unless a mode says /kK/tX/lL; every mode's engine alive at once, "
+        "SAM options from configs/spec unless a mode says /<letter><value> (SAM_MODE_OPTIONS); every mode's engine alive at once, "
         f"rollouts interleaved mode by mode, medians of {args.repeats}).",
         "",
         "| mode | K | tokens/s | vs off | tail tokens/s | tail vs off | tokens/request-step | tail tokens/request-step | tail time share |",

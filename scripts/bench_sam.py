@@ -5,10 +5,11 @@
    context lengths 4k/32k/128k and batch 1/16/64, on the same token rows. Each step appends 1-4 verified
    tokens per row, as vLLM does, and times the whole ``propose`` call.
 2. Ingest throughput (tokens/s into an automaton) and memory per token.
-3. Teacher-forced acceptance: draft at every position of a text and count how many draft tokens match the
-   real continuation, on the embedded task's reference traces and on the Python standard library's source
-   (byte tokens): vLLM's n-gram matcher, Arctic suffix decoding as vLLM's ``suffix`` method runs it (its global
-   tree holds every earlier text), SAM on its own text, and SAM with group sharing (every earlier text).
+3. Teacher-forced acceptance: draft at every position of a response and count how many draft tokens match the
+   real continuation, on two corpora of prompts with several responses each (the base model's samples, and
+   vLLM source files grouped by the interface they implement): vLLM's n-gram matcher, Arctic suffix decoding as
+   vLLM's ``suffix`` method runs it (its global tree holds every earlier response), SAM on its own text, and SAM
+   with its group material (the earlier responses to the same prompt) at its defaults and one option changed.
 
     .venv/bin/python scripts/bench_sam.py [--quick]
 """
@@ -129,7 +130,9 @@ def step_cost(context: int, batch: int, steps: int, rng: np.random.Generator) ->
 def ingest(tokens: np.ndarray, repeats: int = 5) -> dict:
     """Tokens/s into one automaton grown from the default capacity (median of ``repeats``) and its bytes per
     token, for the whole of ``tokens`` and for automata of a tenth of it (a prompt's history, say)."""
-    SuffixAutomaton().extend(tokens[:1000])  # compile
+    warm = SuffixAutomaton()
+    warm.extend(tokens[:1000])  # compile
+    warm.count_occurrences()
     out = {"tokens": int(tokens.size)}
     for name, size in (("", tokens.size), ("tenth_", tokens.size // 10)):
         rates = []
@@ -141,10 +144,14 @@ def ingest(tokens: np.ndarray, repeats: int = 5) -> dict:
             rates.append(tokens.size / (time.perf_counter() - t))
         out[f"{name}tokens_per_s"] = float(np.median(rates))
         out[f"{name}bytes_per_token"] = sa.bytes_per_token()
+    t = time.perf_counter()
+    sa.count_occurrences()  # a prompt's history, counted each time it grows
+    out["count_tokens_per_s"] = len(sa) / (time.perf_counter() - t)
+    out["counted_bytes_per_token"] = sa.bytes_per_token()
     return out
 
 
-def ngram_draft(text: np.ndarray, n: int, k: int, min_n: int = 2, max_n: int = 5) -> list[int]:
+def ngram_draft(text: np.ndarray, n: int, k: int, min_n: int, max_n: int) -> list[int]:
     """vLLM's n-gram matcher (the same numba routine NgramProposer runs) on text[:n]."""
     from vllm.v1.spec_decode.ngram_proposer import _find_longest_matched_ngram_and_propose_tokens
 
@@ -152,52 +159,126 @@ def ngram_draft(text: np.ndarray, n: int, k: int, min_n: int = 2, max_n: int = 5
     return list(out)
 
 
-def teacher_forced(texts: list[np.ndarray], prefixes: list[np.ndarray] | None = None) -> dict:
-    """Accepted draft tokens per position (greedy prefix match with the real continuation)."""
-    opts = SAMOptions(min_match=2)
+Group = tuple[np.ndarray, list[np.ndarray]]  # a prompt and its responses
+
+
+# SAM variants of the teacher-forced table: options over configs/spec/sam.yaml's (sam_group: the defaults), each
+# one change from them, so the table shows what each default wins or loses. "one_group" puts every response of
+# every prompt in one group (material beyond the prompt's own, as suffix's global tree has)
+SAM_VARIANTS = {
+    "sam": {"group_sharing": False, "cross_epoch": False},
+    "sam_group": {},
+    "sam_group/first_occurrence": {"draft_from_counts": False},
+    "sam_group/no_chance_cutoff": {"min_token_prob": 0.0},
+    "sam_group/min_token_prob_0.2": {"min_token_prob": 0.2},
+    "sam_group/min_match_3": {"min_match": 3},
+    "sam_group/own_bonus_0": {"own_bonus": 0},
+    "sam_group/one_group": {"one_group": True},
+}
+
+
+def teacher_forced(groups: list[Group], modes: list[str]) -> dict:
+    """Accepted draft tokens per position (greedy prefix match with the real continuation), drafting at every
+    position of every response. A prompt's responses run one after another, each seeing the earlier ones as
+    finished siblings; prompts run one after another (suffix's global tree and ``one_group`` see earlier
+    prompts' responses). SAM runs through :class:`~sam.policy.BatchDrafter`, the code vLLM's proposer steps."""
+    from sam.policy import BatchDrafter
+
+    ngram_cfg = spec_group("ngram")
+    sam_cfg = spec_group("sam")
     result = {}
-    for mode in ("ngram", "suffix", "sam", "sam_group"):
+    for mode in modes:
         accepted = drafted = positions = 0
-        group = SuffixAutomaton()
-        arctic = ArcticSuffix()
-        for t_i, text in enumerate(texts):
-            sa = SuffixAutomaton()
-            matcher = group.matcher() if mode == "sam_group" else None
-            prefix = prefixes[t_i] if prefixes is not None else text[:0]
-            if mode == "suffix":
-                arctic.cache.start_request(t_i, prefix)
-            sa.extend(prefix)
-            for pos in range(len(text) - 1):
-                sa.extend(text[pos : pos + 1])
-                if matcher is not None:
-                    matcher.feed(text[pos : pos + 1])
-                if mode == "ngram":
-                    ctx = np.concatenate([prefix, text[: pos + 1]])
-                    draft = ngram_draft(ctx, len(ctx), K)
-                elif mode == "suffix":
-                    draft = arctic.step(t_i, text[pos : pos + 1], np.concatenate([prefix, text[: pos + 1]]))
-                else:
-                    src = sa
-                    if matcher is not None and matcher.match_length > sa.match_length:
-                        src = matcher
-                    draft = src.draft(opts.draft_length(src.match_length, K), opts.min_match)
-                truth = text[pos + 1 : pos + 1 + len(draft)].tolist()
-                ok = 0
-                while ok < len(draft) and ok < len(truth) and draft[ok] == truth[ok]:
-                    ok += 1
-                accepted += ok
-                drafted += len(draft)
-                positions += 1
-            group.extend(text)
-            group.extend([-(t_i + 1)])
-            if mode == "suffix":
-                arctic.cache.stop_request(t_i)  # the response stays in the global tree
+        arctic = ArcticSuffix() if mode == "suffix" else None
+        variant = dict(SAM_VARIANTS.get(mode, {}))
+        one_group = variant.pop("one_group", False)
+        base = {key: val for key, val in sam_cfg.sam.items() if key in SAMOptions.__dataclass_fields__}
+        drafter = BatchDrafter(SAMOptions(**{**base, "batch_threshold": 1 << 20, "cross_epoch": False, **variant}), K)
+        request = 0
+        slots = [  # every request starts at once, so no group empties (and is dropped) before the last response
+            [drafter.start(prompt, b"all" if one_group else str(g_i).encode()) for _ in responses]
+            for g_i, (prompt, responses) in enumerate(groups)
+        ] if mode in SAM_VARIANTS else []  # fmt: skip
+        for g_i, (prompt, responses) in enumerate(groups):
+            for r_i, text in enumerate(responses):
+                request += 1
+                if arctic is not None:
+                    arctic.cache.start_request(request, prompt)
+                for pos in range(len(text) - 1):
+                    if mode == "ngram":
+                        ctx = np.concatenate([prompt, text[: pos + 1]])
+                        draft = ngram_draft(ctx, len(ctx), K, ngram_cfg.prompt_lookup_min, ngram_cfg.prompt_lookup_max)
+                    elif arctic is not None:
+                        draft = arctic.step(request, text[pos : pos + 1], np.concatenate([prompt, text[: pos + 1]]))
+                    else:
+                        draft = drafter.step(
+                            np.array([slots[g_i][r_i]]), text[pos : pos + 1], np.array([0, 1]), np.array([K])
+                        )[0]
+                    truth = text[pos + 1 : pos + 1 + len(draft)].tolist()
+                    ok = 0
+                    while ok < len(draft) and ok < len(truth) and draft[ok] == truth[ok]:
+                        ok += 1
+                    accepted += ok
+                    drafted += len(draft)
+                    positions += 1
+                if arctic is not None:
+                    arctic.cache.stop_request(request)  # the response stays in the global tree
+                elif slots:
+                    drafter.finish(slots[g_i][r_i])
         result[mode] = {
             "accepted_per_position": accepted / positions,
             "draft_acceptance_rate": accepted / max(1, drafted),
             "drafted_per_position": drafted / positions,
         }
     return result
+
+
+def task_samples(num_prompts: int, n: int) -> list[Group]:
+    """Responses the task's base model samples (vLLM, temperature 1, ``n`` per prompt, the DAPO shape) to
+    held-out prompts: siblings as the rollouts make them."""
+    from omegaconf import OmegaConf
+
+    from mtp.checkpoint import load_tokenizer
+    from recipe.dapo.data import load_prompts
+    from recipe.dapo.rollout import RolloutEngine
+    from recipe.engine import EngineOptions
+    from recipe.sft.train import ensure_base_model
+
+    ckpt = ensure_base_model(OmegaConf.load(REPO_ROOT / "configs" / "sft.yaml"))
+    _, ids = load_prompts(str(ckpt.parent / "data" / "test.parquet"), load_tokenizer(ckpt), 160)
+    engine = RolloutEngine(str(ckpt), None, EngineOptions(max_model_len=1024, seed=0, dtype="float32"))
+    try:
+        result = engine.generate(ids[:num_prompts], n, {"temperature": 1.0, "top_p": 1.0, "max_tokens": 768})
+    finally:
+        engine.close()
+    groups: list[Group] = [(np.asarray(p, dtype=np.int32), []) for p in ids[:num_prompts]]
+    for r in result.responses:
+        groups[r.prompt_index][1].append(np.asarray(r.token_ids, dtype=np.int32))
+    return groups
+
+
+SIBLING_FILES = {  # vLLM modules that implement one interface each, file by file (alphabetical, none skipped)
+    "mtp_heads": "model_executor/models/*_mtp.py",
+    "reasoning_parsers": "reasoning/*_reasoning_parser.py",
+    "tool_parsers": "tool_parsers/*_tool_parser.py",
+}
+
+
+def sibling_files(per_group: int, max_bytes: int) -> list[Group]:
+    """Byte tokens of vLLM source files grouped by the interface they implement, the first ``per_group`` of
+    each in name order, each cut at ``max_bytes``: independent answers to one prompt by different authors
+    (often a sibling copied and edited), sharing structure and idiom and differing in detail, as sampled
+    responses to one prompt do; nobody here wrote them or chose which are siblings."""
+    import vllm
+
+    root = Path(vllm.__file__).parent
+    groups = []
+    for name, pattern in SIBLING_FILES.items():
+        files = sorted(root.glob(pattern))[:per_group]
+        prompt = np.frombuffer(f"# {name}\n".encode(), dtype=np.uint8).astype(np.int32)
+        texts = [np.frombuffer(f.read_bytes()[:max_bytes], dtype=np.uint8).astype(np.int32) for f in files]
+        groups.append((prompt, texts))
+    return groups
 
 
 def main() -> None:
@@ -221,25 +302,10 @@ def main() -> None:
     ing = ingest(stdlib_tokens(200_000 if args.quick else 1_000_000), repeats=2 if args.quick else 5)
     print(json.dumps(ing))
 
-    from recipe.data.task import generate_rows
-    from recipe.data.tokenizer import train_tokenizer
-
-    rows = generate_rows(400, seed=123, split="train")
-    tok = train_tokenizer([r["extra_info"]["solution"] for r in rows] + [r["prompt"][0]["content"] for r in rows], 320)
-    by_prompt = [r for r in rows if len(r["extra_info"]["solution"]) > 200][: 20 if args.quick else 60]
-    traces = [
-        np.asarray(tok(r["extra_info"]["solution"], add_special_tokens=False)["input_ids"], dtype=np.int32)
-        for r in by_prompt
-    ]
-    prompts = [
-        np.asarray(tok(r["prompt"][0]["content"], add_special_tokens=False)["input_ids"], dtype=np.int32)
-        for r in by_prompt
-    ]
-    corpus = stdlib_tokens(60_000 if args.quick else 200_000)
-    chunks = [corpus[i : i + 4000] for i in range(0, corpus.size, 4000)]
+    modes = ["ngram", "suffix", *SAM_VARIANTS]
     acceptance = {
-        "embedded_task_traces": teacher_forced(traces, prompts),
-        "python_stdlib_bytes": teacher_forced(chunks),
+        "embedded_task_samples": teacher_forced(task_samples(8 if args.quick else 24, 8), modes),
+        "vllm_sibling_files": teacher_forced(sibling_files(4 if args.quick else 8, 6000), modes),
     }
     print(json.dumps(acceptance, indent=1))
     (out / "bench_sam.json").write_text(
@@ -279,17 +345,32 @@ def write_tables(out: Path, cost: list[dict], ing: dict, acceptance: dict) -> No
         f"Ingest (median of repeats, each automaton grown from the default capacity): "
         f"{ing['tokens_per_s'] / 1e6:.2f} M tokens/s into one automaton of {ing['tokens']} tokens at "
         f"{ing['bytes_per_token']:.0f} bytes per token of text; {ing['tenth_tokens_per_s'] / 1e6:.2f} M tokens/s "
-        f"into automata of {ing['tokens'] // 10} tokens at {ing['tenth_bytes_per_token']:.0f} bytes per token.",
+        f"into automata of {ing['tokens'] // 10} tokens at {ing['tenth_bytes_per_token']:.0f} bytes per token. "
+        f"Counting one of those (what a prompt's history does each time it grows, for frequency drafts) runs at "
+        f"{ing['count_tokens_per_s'] / 1e6:.1f} M tokens/s and brings it to {ing['counted_bytes_per_token']:.0f} "
+        "bytes per token.",
         "",
         "## Teacher-forced acceptance (draft at every position, K=4)",
         "",
-        "| corpus | drafter | accepted tokens / position | accepted / drafted | drafted / position |",
-        "|---|---|---|---|---|",
+        "Corpora: `embedded_task_samples`, the base model's own samples (vLLM, temperature 1, 8 per held-out "
+        "prompt); `vllm_sibling_files`, vLLM source files grouped by the interface they implement (MTP heads, "
+        "reasoning parsers, tool parsers; 8 each, name order, first 6,000 bytes, byte tokens). A prompt's "
+        "responses run one after another, each seeing the earlier ones as finished siblings. `sam_group` is "
+        "configs/spec/sam.yaml's SAM; each `sam_group/...` row changes one option (SAM_VARIANTS in the script). "
+        "`vs better` is accepted per position over the better of ngram and suffix; `drafts <=` says whether the "
+        "row drafts no more per position than that one.",
+        "",
+        "| corpus | drafter | accepted tokens / position | accepted / drafted | drafted / position | vs better | drafts <= |",
+        "|---|---|---|---|---|---|---|",
     ]
     for corpus, modes in acceptance.items():
+        better = max((modes[b] for b in ("ngram", "suffix")), key=lambda m: m["accepted_per_position"])
         for mode, m in modes.items():
+            rel = m["accepted_per_position"] / better["accepted_per_position"]
+            fewer = "yes" if m["drafted_per_position"] <= better["drafted_per_position"] else "no"
             lines.append(
-                f"| {corpus} | {mode} | {m['accepted_per_position']:.3f} | {m['draft_acceptance_rate']:.3f} | {m['drafted_per_position']:.3f} |"
+                f"| {corpus} | {mode} | {m['accepted_per_position']:.3f} | {m['draft_acceptance_rate']:.3f} | "
+                f"{m['drafted_per_position']:.3f} | {rel:.3f}x | {fewer} |"
             )
     (out / "README.md").write_text("\n".join(lines) + "\n")
     (out / "step_cost.csv").write_text("\n".join(csv) + "\n")

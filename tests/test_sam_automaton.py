@@ -126,3 +126,67 @@ def test_rejects_bad_input_and_reports_memory():
         np.frombuffer(Path(np.__file__).parent.joinpath("lib", "_function_base_impl.py").read_bytes(), np.uint8)
     )
     assert len(real) > 100_000 and real.bytes_per_token() <= 64
+    real.count_occurrences()  # a prompt's history is counted: still within the budget its bound is sized by
+    assert real.counted and real.bytes_per_token() <= 64
+
+
+def oracle_frequent_draft(corpus: list[int], match: list[int], k: int, prior: float, min_prob: float) -> list[int]:
+    """Brute force of drafting by counts: extend ``match`` by the continuation most of its occurrences in
+    ``corpus`` take (latest occurrence on ties; separators are never drafted) while the product of count /
+    (count of the match so far + prior) stays >= min_prob."""
+    draft: list[int] = []
+    chance = 1.0
+    w = list(match)
+    while len(draft) < k:
+        ends = [e for e in range(len(w) - 1, len(corpus)) if corpus[e - len(w) + 1 : e + 1] == w]
+        nxt: dict[int, list[int]] = {}
+        for e in ends:
+            if e + 1 < len(corpus):
+                nxt.setdefault(corpus[e + 1], []).append(e + 1)
+        candidates = [(len(es), max(es), t) for t, es in nxt.items() if t >= 0]
+        if not candidates:
+            break
+        count, _, tok = max(candidates)
+        chance *= count / (len(ends) + prior)
+        if chance < min_prob:
+            break
+        draft.append(tok)
+        w.append(tok)
+    return draft
+
+
+@pytest.mark.parametrize("alphabet", [2, 3, 6])
+def test_frequent_draft_matches_oracle(alphabet):
+    rng = np.random.default_rng(10 + alphabet)
+    for trial in range(60):
+        corpus_sa = SuffixAutomaton(capacity=4)
+        corpus: list[int] = []
+        for sep in range(1, int(rng.integers(2, 6))):  # responses with separators, as a group corpus holds them
+            response = list(map(int, rng.integers(0, alphabet, size=rng.integers(3, 25))))
+            corpus_sa.extend(response + [-sep])
+            corpus += response + [-sep]
+        corpus_sa.count_occurrences()
+        stream = list(map(int, rng.integers(0, alphabet, size=12)))
+        m = corpus_sa.matcher()
+        for i, tok in enumerate(stream):
+            m.feed([tok])
+            match = stream[i + 1 - m.match_length : i + 1] if m.match_length else []
+            prior, min_prob = [(0.0, 0.0), (1.0, 0.05), (0.5, 0.3)][trial % 3]
+            got = m.draft_frequent(6, 1, prior, min_prob)
+            want = oracle_frequent_draft(corpus, match, 6, prior, min_prob) if match else []
+            assert got == want, (corpus, match, got, want)
+
+
+def test_counts_go_stale_when_the_text_grows():
+    sa = SuffixAutomaton()
+    sa.extend([1, 2, 3, -1, 1, 2, 4, -2, 1, 2, 4, -3])
+    m = sa.matcher()
+    with pytest.raises(ValueError, match="count_occurrences"):
+        m.draft_frequent(3)
+    sa.count_occurrences()
+    m.feed([1, 2])
+    assert m.draft_frequent(3) == [4]  # 2 of 3 responses continue with 4 (the earliest occurrence has 3)
+    assert m.draft(3) == [3]
+    sa.extend([1, 2, 3, -4])
+    with pytest.raises(ValueError, match="count_occurrences"):
+        m.draft_frequent(3)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from sam import SuffixAutomaton
-from sam.policy import SAMOptions
+from sam.policy import BatchDrafter, SAMOptions
 from sam.vllm import SAMProposer
 
 K = 4
@@ -170,6 +170,28 @@ def test_siblings_draft_from_finished_siblings_and_history_across_rollouts():
     assert drafted > 10
 
 
+def test_group_drafts_follow_the_continuation_most_siblings_took_while_its_chance_holds():
+    prompt = np.array([1, 2, 3], dtype=np.int32)
+    earliest, majority = [20, 21, 22, 23], [30, 31, 32, 33]
+    responses = [[10, 11, 12, *earliest], [10, 11, 12, *majority], [10, 11, 12, *majority]]
+
+    def draft_after_opening(**options) -> list[int]:
+        drafter = BatchDrafter(SAMOptions(batch_threshold=100, min_match=2, **options), K)
+        for response in responses:  # siblings one after another, each into the prompt's history
+            slot = drafter.start(prompt, b"prompt")
+            drafter.step(np.array([slot]), np.array(response, np.int32), np.array([0, len(response)]), np.array([K]))
+            drafter.finish(slot)
+        slot = drafter.start(prompt, b"prompt")
+        return drafter.step(np.array([slot]), np.array([10, 11, 12], np.int32), np.array([0, 3]), np.array([K]))[0]
+
+    # the match (prompt + opening) occurred 3 times, 2 went on with 30: chance 2/(3+1); then 2/(2+1) per token
+    assert draft_after_opening(min_token_prob=0.05) == majority  # 0.5, 0.33, 0.22, 0.15
+    assert draft_after_opening(min_token_prob=0.3) == majority[:2]
+    assert draft_after_opening(min_token_prob=0.6) == []
+    assert draft_after_opening(min_token_prob=0.6, count_prior=0) == majority  # 2/3, then 2/2 per token
+    assert draft_after_opening(draft_from_counts=False) == earliest  # the first earlier occurrence
+
+
 def test_a_new_request_drafts_its_siblings_opening_from_its_first_step_and_after_a_checkpoint():
     prompt = [7, 1, 2, 3]
     answer = list(range(10, 40))
@@ -225,6 +247,10 @@ def test_bad_options_are_named():
         make_proposer(min_match=0)
     with pytest.raises(ValueError, match="lead_tokens"):
         make_proposer(lead_tokens=-1)
+    with pytest.raises(ValueError, match="min_token_prob"):
+        make_proposer(min_token_prob=1.5)
+    with pytest.raises(ValueError, match="count_prior"):
+        make_proposer(count_prior=-1)
 
 
 def test_history_is_bounded_by_bytes_and_evicted_memory_is_freed():
