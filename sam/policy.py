@@ -37,7 +37,7 @@ class SAMOptions:
     """Drafting options; passed to vLLM as ``additional_config={"sam": {...}}``."""
 
     min_match: int = 3  # no draft below this match length
-    tokens_per_match: float = 1.0  # draft length = ceil(tokens_per_match * (match - min_match + 1)), capped by K
+    tokens_per_match: float = 1.0  # own-text drafts: ceil(tokens_per_match * (match - min_match + 1)), at most K
     batch_threshold: int = 8  # no drafting while more than this many requests are active (the article used 8)
     lead_tokens: int = 3  # prompt tokens stored before each group response: a new request, whose context ends with
     # them, drafts its siblings' openings from its first step (0: only after min_match tokens of its own)
