@@ -93,7 +93,9 @@ def test_spec_reaches_verl_as_the_vllm_settings_the_local_engine_gets():
         if additional:
             expected[f"{vllm}.additional_config"] = additional
         assert spec_overrides(spec) == expected
-    assert spec_overrides(recipe_config("spec=sam").spec)[f"{vllm}.additional_config"]["sam"]["min_match"] == 3
+    overridden = recipe_config("spec=sam", "spec.sam.min_match=5", "spec.sam.min_token_prob=0.25").spec
+    sam = spec_overrides(overridden)[f"{vllm}.additional_config"]["sam"]
+    assert (sam["min_match"], sam["min_token_prob"]) == (5, 0.25)  # a user's override reaches veRL's servers
     assert spec_overrides(recipe_config("spec=off").spec) == {}
     for train in ("frozen", "online"):
         mtp = spec_overrides(recipe_config("spec=mtp", f"spec.mtp.train={train}").spec)
