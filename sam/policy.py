@@ -100,6 +100,15 @@ class ResponseCorpus:
         self.automaton = SuffixAutomaton(capacity=capacity, pool=pool)
         self.responses: list[np.ndarray] = []
 
+    @classmethod
+    def holding(
+        cls, pool: AutomatonPool, lead: np.ndarray, counted: bool, responses: list[np.ndarray]
+    ) -> ResponseCorpus:
+        """A corpus of ``responses``, sized for exactly them (a history is rebuilt whole, never grown)."""
+        corpus = cls(pool, lead, counted, capacity=sum(lead.size + r.size + 1 for r in responses))
+        corpus.add(responses)
+        return corpus
+
     def add(self, responses: list[np.ndarray]) -> None:
         """Store ``responses``; a counted corpus counts its occurrences again (linear in all it holds)."""
         for response in responses:
@@ -180,8 +189,7 @@ class GroupStore:
             sizes.pop(0)
         self.history_bytes -= group.history.nbytes
         group.close()
-        group.history = ResponseCorpus(self.pool, group.lead, group.counted, capacity=sum(sizes))
-        group.history.add(kept)
+        group.history = ResponseCorpus.holding(self.pool, group.lead, group.counted, kept)
         group.siblings = ResponseCorpus(self.pool, group.lead, group.counted)
         self.history_bytes += group.history.nbytes
         for k in [k for k, g in self.groups.items() if g.active == 0 and k != key]:  # least recently used first
@@ -193,10 +201,9 @@ class GroupStore:
         """An idle group whose history holds ``responses`` (a checkpoint's, :meth:`SAMProposer.state_dict`)."""
         group = self.groups[key] = Group(self.pool, lead, self.options.draft_from_counts)
         group.history.close()
-        group.history = ResponseCorpus(
-            self.pool, lead, group.counted, capacity=sum(lead.size + len(r) + 1 for r in responses)
+        group.history = ResponseCorpus.holding(
+            self.pool, lead, group.counted, [np.asarray(r, dtype=np.int32) for r in responses]
         )
-        group.history.add([np.asarray(r, dtype=np.int32) for r in responses])
         self.history_bytes += group.history.nbytes
 
     def _drop(self, key: bytes) -> None:

@@ -139,7 +139,7 @@ def main() -> None:
     gate = args.tail if args.gate is None else args.gate
     sam_cfg = spec_group("sam")
     sam_defaults = {
-        "sam": {key: sam_cfg.sam[key] for key in (option for option, _ in SAM_MODE_OPTIONS.values())},
+        "sam": OmegaConf.to_container(sam_cfg.sam),  # every SAM mode's options before its own
         # each method's K as configs/spec sets it; noop prices the path at SAM's K
         "k": {m: spec_group(m).num_speculative_tokens for m in ("ngram", "suffix", "sam")}
         | {"noop": sam_cfg.num_speculative_tokens},

@@ -182,6 +182,8 @@ def teacher_forced(groups: list[Group], modes: list[str]) -> dict:
     position of every response. A prompt's responses run one after another, each seeing the earlier ones as
     finished siblings; prompts run one after another (suffix's global tree and ``one_group`` see earlier
     prompts' responses). SAM runs through :class:`~sam.policy.BatchDrafter`, the code vLLM's proposer steps."""
+    from omegaconf import OmegaConf
+
     from sam.policy import BatchDrafter
 
     ngram_cfg = spec_group("ngram")
@@ -192,13 +194,15 @@ def teacher_forced(groups: list[Group], modes: list[str]) -> dict:
         arctic = ArcticSuffix() if mode == "suffix" else None
         variant = dict(SAM_VARIANTS.get(mode, {}))
         one_group = variant.pop("one_group", False)
-        base = {key: val for key, val in sam_cfg.sam.items() if key in SAMOptions.__dataclass_fields__}
-        drafter = BatchDrafter(SAMOptions(**{**base, "batch_threshold": 1 << 20, "cross_epoch": False, **variant}), K)
         request = 0
-        slots = [  # every request starts at once, so no group empties (and is dropped) before the last response
-            [drafter.start(prompt, b"all" if one_group else str(g_i).encode()) for _ in responses]
-            for g_i, (prompt, responses) in enumerate(groups)
-        ] if mode in SAM_VARIANTS else []  # fmt: skip
+        slots = []
+        if mode in SAM_VARIANTS:
+            opts = {**OmegaConf.to_container(sam_cfg.sam), "batch_threshold": 1 << 20, "cross_epoch": False, **variant}
+            drafter = BatchDrafter(SAMOptions.from_dict(opts), K)
+            slots = [  # every request starts at once, so no group empties (and is dropped) before the last response
+                [drafter.start(prompt, b"all" if one_group else str(g_i).encode()) for _ in responses]
+                for g_i, (prompt, responses) in enumerate(groups)
+            ]
         for g_i, (prompt, responses) in enumerate(groups):
             for r_i, text in enumerate(responses):
                 request += 1
