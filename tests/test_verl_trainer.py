@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from recipe.dapo.server_timeline import STEP_MARKS
+from recipe.dapo.step_marks import STEP_MARKS
 from recipe.dapo.verl_backend import JOB_ENV, _shm_entries, cleanup_job, job_processes
 
 REPO = Path(__file__).resolve().parents[1]
@@ -47,8 +47,8 @@ SAVED_AND_VALIDATED = (f"trainer.total_training_steps={STEPS}", "trainer.save_fr
 
 
 def wait_for_checkpoint(proc: subprocess.Popen, out: Path, step: int, timeout_s: float) -> None:
-    """Until ``step`` is checkpointed and the launcher has noted when its metrics were logged (veRL logs them
-    after the checkpoint; a launcher killed in between leaves that step without rollout/* metrics)."""
+    """Until ``step`` is checkpointed and the job has marked when its metrics were logged (veRL logs them after
+    the checkpoint)."""
     latest, marks = out / "latest_checkpointed_iteration.txt", out / STEP_MARKS
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

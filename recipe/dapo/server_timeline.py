@@ -7,15 +7,12 @@ with ``SPEC_ROLLOUT_TIMELINE_DIR`` set (the veRL launcher sets it), it appends o
 ``engine-<host>-<pid>-<engine>.jsonl`` there: wall time, active requests, tokens emitted, the step's
 speculative counts and the lengths of the requests it finished.
 
-Rows are assigned to training steps by time: the launcher notes when veRL's tracking file receives each step's
-metrics (:data:`STEP_MARKS`), so a step's rows lie between the previous mark and its own. Within that window a
-server's rows split into rollouts where its queue drains; in a step that also validated, each server's last
-rollout is the validation and is left out, as the local backend's metrics leave evaluation out. The windows are
-approximate: veRL's V1 replay buffer refills while the previous step trains, so part of a step's generation can
-fall in the previous step's window: a step's metrics can hold a refill round of the next step's generation or
-miss one of its own. veRL logs a
-step's metrics after its checkpoint: a launcher killed between the two never notes that step, which then has
-no ``rollout/*`` metrics (its rows stay in ``server_timeline/``); every other step of a resumed run has them.
+Rows are assigned to training steps by time: the job marks when veRL logs each step's metrics (step_marks.py),
+so a step's rows lie between the previous mark and its own. Within that window a server's rows split into
+rollouts where its queue drains; in a step that also validated, each server's last rollout is the validation and
+is left out, as the local backend's metrics leave evaluation out. The windows are approximate: veRL's V1 replay
+buffer refills while the previous step trains, so part of a step's generation can fall in the previous step's
+window: a step's metrics can hold a refill round of the next step's generation or miss one of its own.
 """
 
 from __future__ import annotations
@@ -25,10 +22,10 @@ import os
 import socket
 from pathlib import Path
 
+from recipe.dapo.step_marks import read_marks, step_windows
 from recipe.dapo.timeline import RolloutTimeline, StepRecord, step_rollout_metrics
 
 TIMELINE_DIR_ENV = "SPEC_ROLLOUT_TIMELINE_DIR"
-STEP_MARKS = "step_marks.jsonl"  # {"step": k, "t": when step k's metrics were logged, "launch": t0, "resumed_from": S}
 FLUSH_ROWS = 256
 
 
@@ -133,26 +130,11 @@ def to_timeline(rows: list[dict]) -> RolloutTimeline:
     return tl
 
 
-def step_windows(marks: list[dict]) -> dict[int, tuple[float, float]]:
-    """Step -> (start, end) wall time: from the previous mark of the same launch (or the launch's start) to the
-    step's own mark; a relaunch's marks replace the killed launch's for the steps after the one it resumed from."""
-    windows: dict[int, tuple[float, float]] = {}
-    previous: dict[float, float] = {}
-    for m in sorted(marks, key=lambda m: m["t"]):
-        start = previous.get(m["launch"], m["launch"])
-        if int(m["step"]) > m["resumed_from"]:  # a relaunch's row for its resumed step adds to that step only
-            windows[int(m["step"])] = (start, float(m["t"]))
-        previous[m["launch"]] = float(m["t"])
-    return windows
-
-
 def rollout_metrics_by_step(out_dir: Path, validated: set[int], tail_threshold: int) -> dict[int, dict[str, float]]:
     """``rollout/*`` metrics per training step from the servers' rows; timelines saved under ``timelines/``."""
-    marks_path = out_dir / STEP_MARKS
-    directory = out_dir / "server_timeline"
-    if not marks_path.is_file() or not directory.is_dir():
+    marks, directory = read_marks(out_dir), out_dir / "server_timeline"
+    if not marks or not directory.is_dir():
         return {}
-    marks = [json.loads(x) for x in marks_path.read_text().splitlines() if x.strip()]
     windows = step_windows(marks)
     engines = {name: split_rollouts(rows) for name, rows in load_rows(directory).items()}
     saved = out_dir / "timelines"

@@ -35,7 +35,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from recipe.dapo.config import ConfigError, accelerators, apply_overrides
 from recipe.dapo.report import latest_step, plot_run
-from recipe.dapo.server_timeline import STEP_MARKS, TIMELINE_DIR_ENV, rollout_metrics_by_step
+from recipe.dapo.server_timeline import TIMELINE_DIR_ENV, rollout_metrics_by_step
+from recipe.dapo.step_marks import marks_env
 from recipe.verl_cpu import PLATFORM_ENV, PLATFORM_NAME
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -153,14 +154,16 @@ def preflight_cpu(cfg: DictConfig) -> None:
 
 
 def launch_env(device: str, out_dir: Path) -> dict[str, str]:
-    """The trainer's environment: the CPU platform for every veRL and vLLM process it starts, and veRL's file
-    logger writing next to the run (one file per launch; :func:`collect_metrics` merges them)."""
+    """The trainer's environment: the CPU platform for every veRL and vLLM process it starts, veRL's file logger
+    writing next to the run (one file per launch; :func:`collect_metrics` merges them) and marking each step it
+    logs (step_marks.py), and the servers writing their timelines (server_timeline.py)."""
     env = dict(os.environ)
     if device == "cpu":
         env[PLATFORM_ENV] = PLATFORM_NAME  # the platform gives the vLLM servers their CPU settings
     start = latest_step(out_dir)
     env["VERL_FILE_LOGGER_PATH"] = str(out_dir / f"{TRACKING_PREFIX}{start}.jsonl")
     env[TIMELINE_DIR_ENV] = str(out_dir / "server_timeline")
+    env.update(marks_env(out_dir, resumed_from=start))
     return env
 
 
@@ -227,34 +230,12 @@ def run_job(command: list[str], env: dict[str, str], job_file: Path) -> int:
     previous = signal.signal(signal.SIGTERM, _exit_on_sigterm) if main_thread else None
     proc = subprocess.Popen(command, env=env, cwd=REPO_ROOT)
     try:
-        mark_steps(proc, Path(env["VERL_FILE_LOGGER_PATH"]), job_file.parent / STEP_MARKS)
         return proc.wait()
     finally:
         cleanup_job(job_id, shm_before)
         job_file.unlink(missing_ok=True)
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
-
-
-def mark_steps(proc: subprocess.Popen, tracking: Path, marks: Path, poll_s: float = 0.2) -> None:
-    """While the job runs, note the wall time at which veRL's file logger writes each step's metrics: the
-    boundaries that assign the servers' timeline rows to training steps (server_timeline.py). Reads only what
-    the file gained since the last poll."""
-    launch, offset, resumed_from = time.time(), 0, latest_step(marks.parent)
-    while proc.poll() is None:
-        time.sleep(poll_s)
-        if not tracking.is_file():
-            continue
-        with tracking.open("rb") as fh:
-            fh.seek(offset)
-            new = fh.read()
-        complete = new[: new.rfind(b"\n") + 1]  # a line still being written waits for the next poll
-        offset += len(complete)
-        now = time.time()
-        with marks.open("a") as fh:
-            for line in complete.splitlines():
-                step = int(json.loads(line)["step"])
-                fh.write(json.dumps({"step": step, "t": now, "launch": launch, "resumed_from": resumed_from}) + "\n")
 
 
 def end_stale_job(job_file: Path) -> None:
