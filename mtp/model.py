@@ -92,7 +92,7 @@ class RMSNorm(nn.Module):
 
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim))
     freqs = positions.float()[:, None] * inv_freq[None, :]
     emb = torch.cat([freqs, freqs], dim=-1)
     return emb.cos(), emb.sin()
@@ -221,7 +221,37 @@ def packed_positions(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
     """Position ids that restart at 0 at every sequence start of a packed stream."""
     lengths = cu_seqlens[1:] - cu_seqlens[:-1]
     starts = torch.repeat_interleave(cu_seqlens[:-1], lengths)
-    return torch.arange(total) - starts
+    return torch.arange(total, device=cu_seqlens.device) - starts
+
+
+def run_mtp_layers(
+    mtp_layers: nn.ModuleList,
+    hidden: torch.Tensor,
+    embeds: torch.Tensor,
+    head: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    positions: torch.Tensor,
+    rope: tuple[torch.Tensor, torch.Tensor],
+    detach_inputs: bool = True,
+    mtp_positions: torch.Tensor | None = None,
+) -> list[torch.Tensor]:
+    """MTP logits of every layer over a packed stream: layer k at t reads layer k-1's output (the trunk's pre-norm
+    hidden state for k=0) and the embedding of token t+1+k, and predicts token t+2+k through the LM head ``head``.
+    With ``detach_inputs`` the hidden states, embeddings and head are detached (online MTP: the loss trains only the
+    MTP layers). Shared by the in-process model and veRL's FSDP actor (mtp/verl_fsdp.py)."""
+    if detach_inputs:
+        hidden, embeds, head = hidden.detach(), embeds.detach(), head.detach()
+    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
+    cos, sin = rope
+    out, prev, last = [], hidden, len(mtp_layers) - 1
+    for k, layer in enumerate(mtp_layers):
+        next_embeds = roll_packed(embeds, cu_seqlens, shift=-(k + 1))
+        next_embeds = next_embeds.masked_fill((positions == 0)[:, None], 0.0)
+        keep = mtp_positions if k == last else None
+        prev = layer(prev, next_embeds, cos, sin, lengths, keep)
+        rows = prev if mtp_positions is None or k == last else prev[mtp_positions]
+        out.append(F.linear(rows, head))
+    return out
 
 
 class MiMoForCausalLM(nn.Module):
@@ -279,17 +309,10 @@ class MiMoForCausalLM(nn.Module):
         logits = self.lm_head(self.model.norm(hidden))
         mtp_logits = []
         if with_mtp:
-            prev, mtp_embeds, head = hidden, embeds, self.lm_head.weight
-            if detach_mtp_inputs:
-                prev, mtp_embeds, head = prev.detach(), mtp_embeds.detach(), head.detach()
-            last = len(self.model.mtp_layers) - 1
-            for k, layer in enumerate(self.model.mtp_layers):
-                next_embeds = roll_packed(mtp_embeds, cu_seqlens, shift=-(k + 1))
-                next_embeds = next_embeds.masked_fill((positions == 0)[:, None], 0.0)
-                keep = mtp_positions if k == last else None
-                prev = layer(prev, next_embeds, cos, sin, lengths, keep)
-                rows = prev if mtp_positions is None or k == last else prev[mtp_positions]
-                mtp_logits.append(F.linear(rows, head))
+            mtp_logits = run_mtp_layers(
+                self.model.mtp_layers, hidden, embeds, self.lm_head.weight, cu_seqlens, positions, (cos, sin),
+                detach_inputs=detach_mtp_inputs, mtp_positions=mtp_positions,
+            )  # fmt: skip
         return MiMoOutput(logits=logits, hidden=hidden, mtp_logits=mtp_logits)
 
     def num_parameters(self) -> int:

@@ -101,7 +101,12 @@ def test_spec_reaches_verl_as_the_vllm_settings_the_local_engine_gets():
         mtp = spec_overrides(recipe_config("spec=mtp", f"spec.mtp.train={train}").spec)
         assert mtp["actor_rollout_ref.model.mtp.enable_rollout"] is True
         assert mtp["actor_rollout_ref.model.mtp.enable_train"] is (train == "online")
-        assert mtp["actor_rollout_ref.rollout.load_format"] == "auto"  # the servers load the checkpoint's head
+        if train == "frozen":  # the actor holds no head to sync: the servers load the checkpoint's
+            assert mtp["actor_rollout_ref.rollout.load_format"] == "auto"
+            assert "actor_rollout_ref.model.external_lib" not in mtp
+        else:  # the FSDP actor's engine trains the head and syncs it to the servers
+            assert mtp["actor_rollout_ref.model.external_lib"] == "mtp.verl_fsdp"
+            assert "actor_rollout_ref.rollout.load_format" not in mtp
 
 
 @pytest.mark.parametrize("spec", ["off", "ngram", "suffix", "sam", "mtp"])
@@ -125,13 +130,6 @@ def test_a_key_verl_does_not_have_is_named():
         apply_overrides(cfg, {"actor_rollout_ref.rollout.no_such_key": 1})
     apply_overrides(cfg, {"+actor_rollout_ref.rollout.engine_kwargs.vllm.no_such_key": 1})  # "+": passed through
     assert cfg.actor_rollout_ref.rollout.engine_kwargs.vllm.no_such_key == 1
-
-
-def test_online_mtp_on_fsdp_is_refused_by_key():
-    from recipe.dapo.verl_backend import check_mapping
-
-    with pytest.raises(ConfigError, match=r"^spec\.mtp\.train: .*strategy=megatron"):
-        check_mapping(recipe_config("spec=mtp", "spec.mtp.train=online"))
 
 
 DAPO_CLUSTER_BATCH = (  # veRL's DAPO recipe: 512 prompts x 16 responses a step, mini-batches of 32 prompts

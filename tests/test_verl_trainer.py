@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from omegaconf import OmegaConf
 
 from recipe.dapo.step_marks import STEP_MARKS
 from recipe.dapo.verl_backend import JOB_ENV, _shm_entries, cleanup_job, job_processes
@@ -153,6 +154,34 @@ def test_two_replicas_keep_each_prompt_on_one_server_and_mtp_drafts_with_the_che
         assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
         verl_rate, local_rate = mean_acceptance(out), mean_acceptance(local)
         assert local_rate > 0.15 and 0.5 * local_rate < verl_rate < 2.0 * local_rate, (verl_rate, local_rate)
+    finally:
+        cleanup_job(job, shm_before)
+    leftover = _shm_entries() - shm_before
+    assert not leftover, f"/dev/shm entries left by the run: {sorted(leftover)}"
+
+
+@pytest.mark.slow
+def test_online_mtp_on_the_fsdp_actor_trains_the_head_and_syncs_it_to_the_servers(harness_model, tmp_path):
+    """spec=mtp online on veRL's FSDP actor (mtp/verl_fsdp.py): the update logs the head's loss, and the servers,
+    which start from veRL's random "dummy" weights, draft with the actor's head: only weight sync can have put it
+    there (a random head accepts 0.7% of drafts)."""
+    job = f"test-{uuid.uuid4().hex}"
+    shm_before = _shm_entries()
+    short = ("spec.mtp.train=online", "trainer.total_training_steps=2", "trainer.save_freq=-1",
+             "trainer.test_freq=-1", "trainer.val_before_train=false")  # fmt: skip
+    try:
+        out = tmp_path / "verl"
+        run = subprocess.run(
+            launch_args(harness_model, out, *short, spec="mtp"), cwd=REPO, env={**os.environ, JOB_ENV: job},
+            capture_output=True, text=True, timeout=900,
+        )  # fmt: skip
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+        assert OmegaConf.load(out / "verl_config.yaml").actor_rollout_ref.rollout.load_format == "dummy"
+        rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        trained = [row for row in rows if "actor/mtp/loss" in row]  # veRL prefixes the actor's metrics
+        assert [row["step"] for row in trained] == [1, 2]
+        assert all(0 < row["actor/mtp/loss"] < 10 and 0 < row["actor/mtp/acc"] <= 1 for row in trained)
+        assert mean_acceptance(out) > 0.15
     finally:
         cleanup_job(job, shm_before)
     leftover = _shm_entries() - shm_before

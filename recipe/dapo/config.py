@@ -200,10 +200,16 @@ def spec_overrides(spec: DictConfig) -> dict[str, object]:
         "actor_rollout_ref.model.mtp.mtp_loss_scaling_factor": float(spec.mtp.loss_scaling_factor),
         "actor_rollout_ref.model.mtp.method": "mtp",
         "actor_rollout_ref.model.mtp.num_speculative_tokens": int(spec.num_speculative_tokens),
-        # the servers load the checkpoint's weights, MTP layer included: veRL's FSDP actor holds the trunk only
-        # (Qwen2ForCausalLM drops model.mtp_layers.*), so weight sync refreshes the trunk and never the head,
-        # which with veRL's default "dummy" load stays random and drafts at chance
-        "actor_rollout_ref.rollout.load_format": "auto",
+        # online: the FSDP actor's engine holds, trains and syncs the head (veRL imports the module in its
+        # workers; a Megatron actor trains the head itself), so the servers get it with the first weight sync
+        **(
+            {"actor_rollout_ref.model.external_lib": "mtp.verl_fsdp"}
+            if spec.mtp.train == "online"
+            # frozen: the actor holds the trunk only (Qwen2ForCausalLM drops model.mtp_layers.*) and weight sync
+            # never sends the head, so the servers load the checkpoint's (veRL's default "dummy" load would leave
+            # it random, drafting at chance)
+            else {"actor_rollout_ref.rollout.load_format": "auto"}
+        ),
     }
 
 

@@ -48,15 +48,6 @@ class BackendUnavailableError(RuntimeError):
 
 def check_mapping(cfg: DictConfig) -> None:
     """What the local backend does that veRL does differently or not at all, named by key."""
-    if (
-        cfg.spec.method == "mtp"
-        and cfg.spec.mtp.train == "online"
-        and cfg.actor_rollout_ref.actor.strategy != "megatron"
-    ):
-        raise ConfigError(
-            "spec.mtp.train: online MTP training on backend=verl needs the Megatron actor "
-            "(actor_rollout_ref.actor.strategy=megatron); veRL's FSDP actor only drafts with the MTP head"
-        )
     actor, ranks = cfg.actor_rollout_ref.actor, world_size(cfg)
     per_rank = int(actor.ppo_mini_batch_size) * int(cfg.actor_rollout_ref.rollout.n) / ranks
     if per_rank != int(per_rank) or int(per_rank) % int(actor.ppo_micro_batch_size_per_gpu):

@@ -1,0 +1,206 @@
+"""Online MTP on veRL's FSDP actor (veRL 0.9.1 trains an MTP head only with Megatron).
+
+veRL imports this module in every process that builds the actor's model config, because the recipe names it as
+``actor_rollout_ref.model.external_lib`` for ``spec=mtp`` with ``spec.mtp.train=online`` (recipe/dapo/config.py).
+Importing it registers :class:`MTPTrainingFSDPEngine` in veRL's ``EngineRegistry`` for the FSDP backends under
+this platform's vendor key, which veRL's lookup prefers to the device-wide default engine. The engine:
+
+- loads the checkpoint as :class:`MiMoMTPForCausalLM`: HF's Qwen2 trunk plus the MiMo MTP layers of mtp/model.py
+  under the checkpoint's names (``model.mtp_layers.*``), so FSDP shards them, checkpoints save them, and veRL's
+  weight sync sends them to the vLLM servers, whose MTP drafter loads them (the plain Qwen2 model drops them);
+- adds the MTP loss of the local backend (recipe/dapo/policy.py) to each micro-batch's policy loss during the
+  update: CE of the MTP logits at the positions mtp/loss.py's masks train, on detached trunk hidden states,
+  embeddings and LM head, scaled by ``actor_rollout_ref.model.mtp.mtp_loss_scaling_factor`` and by the
+  micro-batch's share of the mini-batch's response tokens;
+- clips the head's gradients apart from the policy's, so the policy's update is the one it would be without the
+  head (under one global norm the MTP loss would shrink the policy's step whenever clipping is active).
+
+With ``mtp.enable_train`` off (a frozen head, the reference model) the engine behaves as veRL's own.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor
+from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from verl.utils.device import get_device_name, get_vendor
+from verl.utils.fsdp_utils import fsdp2_clip_grad_norm_
+from verl.utils.metric import AggregationType, Metric
+from verl.workers.engine.base import EngineRegistry
+from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
+
+from mtp.loss import masked_ce, mtp_targets
+from mtp.model import MiMoConfig, MTPLayer, packed_positions, rope_cos_sin, run_mtp_layers
+
+
+class MiMoMTPForCausalLM(Qwen2ForCausalLM):
+    """HF Qwen2 with MiMo's MTP layers (``model.mtp_layers``). Given ``mtp_batch`` the forward also computes the
+    MTP loss and top-1 accuracy (kept in :attr:`mtp_result` for the engine), inside the FSDP root's forward where
+    the head's and the LM head's parameters are gathered."""
+
+    def __init__(self, config: Qwen2Config):
+        super().__init__(config)
+        self.mimo = MiMoConfig.from_hf_dict(config.to_dict())
+        self.model.mtp_layers = nn.ModuleList(MTPLayer(self.mimo) for _ in range(self.mimo.num_nextn_predict_layers))
+        self.mtp_result: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def forward(self, *args, mtp_batch: dict[str, torch.Tensor] | None = None, **kwargs):
+        if mtp_batch is None:
+            return super().forward(*args, **kwargs)
+        # the trunk's embeddings and its last hidden states before the final norm (what vLLM's MiMo drafter reads)
+        captured: dict[str, torch.Tensor] = {}
+        hooks = [
+            self.model.embed_tokens.register_forward_hook(lambda m, i, out: captured.__setitem__("embeds", out)),
+            self.model.norm.register_forward_pre_hook(lambda m, inputs: captured.__setitem__("hidden", inputs[0])),
+        ]
+        try:
+            out = super().forward(*args, **kwargs)
+        finally:
+            for hook in hooks:
+                hook.remove()
+        mask = kwargs.get("attention_mask")
+        ids, cu_seqlens = mtp_batch["input_ids"], mtp_batch["cu_seqlens"]
+        hidden, embeds = (
+            (x[mask.bool()] if mask is not None else x[0, : ids.shape[0]])
+            for x in (captured["hidden"], captured["embeds"])
+        )  # packed: the padded layout's valid positions, or the packed layout without its tail padding
+        head = self.lm_head.weight
+        if isinstance(head, DTensor):  # FSDP keeps the LM head sharded outside its own forward
+            head = head.full_tensor()
+        positions = packed_positions(cu_seqlens, ids.shape[0])
+        rope = rope_cos_sin(positions, self.mimo.head_dim, self.mimo.rope_theta)
+        targets, trained = mtp_targets(ids, mtp_batch["response_mask"], cu_seqlens, depth=0)
+        at = trained.nonzero().squeeze(-1)
+        dtype = self.model.mtp_layers[0].input_proj.weight.dtype
+        with torch.autocast(device_type=hidden.device.type, enabled=False):
+            (logits,) = run_mtp_layers(
+                self.model.mtp_layers[:1], hidden.to(dtype), embeds.to(dtype), head.to(dtype), cu_seqlens, positions,
+                rope, detach_inputs=True, mtp_positions=at,
+            )  # fmt: skip
+        mtp_loss, mtp_acc = masked_ce(logits, targets[at], torch.ones_like(at))
+        self.mtp_result = (mtp_loss.detach(), mtp_acc)
+        # the loss rides on the logits' backward: FSDP gathers the parameters again before the backward of the
+        # forward's outputs, and a loss kept aside would run its backward on freed parameter storage
+        out.logits = AddLossInBackward.apply(out.logits, mtp_loss, mtp_batch["loss_weight"])
+        return out
+
+
+class AddLossInBackward(torch.autograd.Function):
+    """Identity on ``output``; its backward also backpropagates ``weight * loss`` (as Megatron attaches its MTP
+    loss), so the loss is trained by the backward of whatever the caller computes from ``output``."""
+
+    @staticmethod
+    def forward(ctx, output: torch.Tensor, loss: torch.Tensor, weight: float) -> torch.Tensor:
+        ctx.save_for_backward(loss)
+        ctx.weight = weight
+        return output.view_as(output)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (loss,) = ctx.saved_tensors
+        return grad, torch.full_like(loss, ctx.weight), None
+
+
+def packed_response_mask(micro_batch) -> torch.Tensor:
+    """1 at the response tokens of the micro-batch's packed stream (prompt then response per sequence), as veRL's
+    ``no_padding_2_padding`` lays sequences out."""
+    prompts, responses, response_mask = micro_batch["prompts"], micro_batch["responses"], micro_batch["response_mask"]
+    if prompts.is_nested:
+        prompt_lens, response_lens = prompts.offsets().diff(), responses.offsets().diff()
+    else:
+        attention = micro_batch["attention_mask"]
+        prompt_lens = attention[:, : prompts.shape[1]].sum(1)
+        response_lens = attention[:, prompts.shape[1] :].sum(1)
+    rows = response_mask.unbind() if response_mask.is_nested else list(response_mask)
+    parts = []
+    for p_len, r_len, row in zip(prompt_lens.tolist(), response_lens.tolist(), rows, strict=True):
+        parts += [row.new_zeros(p_len), row[:r_len]]
+    return torch.cat(parts)
+
+
+class MTPTrainingFSDPEngine(FSDPEngineWithLMHead):
+    """veRL's FSDP engine with the MTP head trained online (see the module's docstring)."""
+
+    @property
+    def trains_mtp(self) -> bool:
+        mtp = getattr(self.model_config, "mtp", None)
+        return bool(mtp is not None and mtp.enable and mtp.enable_train and not self.engine_config.forward_only)
+
+    def _build_module(self):
+        if not self.trains_mtp:
+            return super()._build_module()
+        if self.ulysses_sequence_parallel_size > 1:
+            raise ValueError(
+                "actor_rollout_ref.actor.ulysses_sequence_parallel_size: online MTP on the FSDP actor needs 1 "
+                "(the MTP layer reads whole sequences)"
+            )
+        AutoModelForCausalLM.register(Qwen2Config, MiMoMTPForCausalLM, exist_ok=True)
+        try:
+            return super()._build_module()
+        finally:
+            AutoModelForCausalLM.register(Qwen2Config, Qwen2ForCausalLM, exist_ok=True)
+
+    def _model(self) -> MiMoMTPForCausalLM:
+        return getattr(self.module, "_fsdp_wrapped_module", self.module)
+
+    def _head_parameters(self) -> list[torch.nn.Parameter]:
+        return list(self._model().model.mtp_layers.parameters())
+
+    def prepare_model_inputs(self, micro_batch):
+        model_inputs, output_args = super().prepare_model_inputs(micro_batch)
+        if self.trains_mtp and torch.is_grad_enabled():
+            ids = micro_batch["input_ids"]
+            mask = micro_batch["response_mask"]
+            # token-mean over the mini-batch, as veRL normalises the policy loss (gradients are averaged over ranks)
+            tokens = float(mask.values().sum() if mask.is_nested else mask.sum())
+            share = tokens * float(micro_batch["dp_size"]) / max(1.0, float(micro_batch["batch_num_tokens"]))
+            model_inputs["mtp_batch"] = {
+                "input_ids": ids.values(),
+                "cu_seqlens": ids.offsets().to(torch.long),
+                "response_mask": packed_response_mask(micro_batch).to(ids.values().device),
+                "loss_weight": float(self.model_config.mtp.mtp_loss_scaling_factor) * share,
+            }
+        return model_inputs, output_args
+
+    def forward_step(self, micro_batch, loss_function, forward_only):
+        loss, output = super().forward_step(micro_batch, loss_function, forward_only)
+        if not self.trains_mtp or forward_only:
+            return loss, output
+        model = self._model()
+        if model.mtp_result is None:
+            raise RuntimeError(
+                "the actor's forward computed no MTP loss: a veRL forward patch (use_fused_kernels?) replaced "
+                "MiMoMTPForCausalLM.forward"
+            )
+        for name, value in zip(("mtp/loss", "mtp/acc"), model.mtp_result, strict=True):
+            output["metrics"][name] = Metric(value=value.item(), aggregation=AggregationType.MEAN)
+        model.mtp_result = None
+        return loss, output
+
+    def optimizer_step(self):
+        """The policy's step as veRL takes it, without the head's gradients in its clipping norm; then the head's
+        step, clipped on its own."""
+        if not self.trains_mtp:
+            return super().optimizer_step()
+        head = self._head_parameters()
+        grads = [p.grad for p in head]
+        for p in head:
+            p.grad = None
+        grad_norm = super().optimizer_step()
+        head_ids = {id(p) for p in head}
+        for p in self.module.parameters():
+            if id(p) not in head_ids:
+                p.grad = None  # already applied; the head's step below must not apply them again
+        for p, g in zip(head, grads, strict=True):
+            p.grad = g
+        head_norm = fsdp2_clip_grad_norm_(head, max_norm=self.optimizer_config.clip_grad)
+        if torch.isfinite(head_norm.full_tensor() if hasattr(head_norm, "full_tensor") else head_norm):
+            self.optimizer.step()
+        return grad_norm
+
+
+# Python imports a module once per process, so this registers once
+EngineRegistry.register(
+    model_type="language_model", backend=["fsdp", "fsdp2"], device=get_device_name(), vendor=get_vendor()
+)(MTPTrainingFSDPEngine)

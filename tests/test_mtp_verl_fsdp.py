@@ -1,0 +1,45 @@
+"""Online MTP on veRL's FSDP2 engine (mtp/verl_fsdp.py): one update of the real engine, in fresh processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def update(checkpoint: Path, out: Path, *mode: str) -> dict:
+    run = subprocess.run(
+        [sys.executable, str(REPO / "tests" / "verl_fsdp_update.py"), str(checkpoint), str(out), *mode],
+        cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    return torch.load(out)
+
+
+def test_the_policy_update_on_verl_fsdp_is_unchanged_by_the_online_head(harness_model, tmp_path):
+    """The same batch, one update at a clip norm every step reaches: with the head trained online the trunk, the
+    embeddings and the LM head end exactly where they end without it, while the head moves and logs its loss.
+    Clipping the head under the policy's norm (the bug the engine's separate clipping prevents) changes them."""
+    online = update(harness_model, tmp_path / "online.pt", "online")
+    frozen = update(harness_model, tmp_path / "frozen.pt", "frozen")
+    joint = update(harness_model, tmp_path / "joint.pt", "online", "joint")
+    start = load_file(harness_model / "model.safetensors")
+
+    policy = sorted(frozen["params"])
+    assert policy and not any("mtp_layers" in name for name in policy)  # veRL's own model holds no head
+    for name in policy:
+        assert torch.equal(online["params"][name], frozen["params"][name]), name
+    assert max((joint["params"][n] - frozen["params"][n]).abs().max().item() for n in policy) > 1e-4
+
+    head = [name for name in online["params"] if "mtp_layers" in name]
+    assert sorted(head) == sorted(name for name in start if "mtp_layers" in name)  # the checkpoint's head, loaded
+    assert all(not torch.equal(online["params"][n], start[n].float()) for n in head if n.endswith("proj.weight"))
+    assert 0 < online["metrics"]["mtp/loss"] < 20 and 0 <= online["metrics"]["mtp/acc"] <= 1
+    assert "mtp/loss" not in frozen["metrics"]
+    assert online["metrics"]["actor/pg_loss"] == frozen["metrics"]["actor/pg_loss"]

@@ -1,0 +1,112 @@
+"""One DAPO update on veRL's FSDP2 engine (the actor's, as the veRL backend builds it), run in a fresh process:
+``python tests/verl_fsdp_update.py CHECKPOINT OUT.pt online|frozen [joint]`` saves the parameters after one update
+of a fixed batch, with the MTP head trained online or not. ``joint`` clips the head with the policy (the bug the
+engine's separate clipping prevents), for the test that this would show."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+
+from recipe.verl_cpu import PLATFORM_ENV, PLATFORM_NAME
+
+os.environ[PLATFORM_ENV] = PLATFORM_NAME
+os.environ["OMP_NUM_THREADS"] = "1"  # more than one crashes the CPU backward in a bare process (veRL's workers run one)
+
+
+def batch(tokenizer_pad: int, seed: int = 0):
+    """Four left-padded prompts with right-padded responses, in veRL's trainer layout, as the engine receives it."""
+    import torch
+    from tensordict import TensorDict
+    from verl.workers.utils.padding import left_right_2_no_padding
+
+    gen = torch.Generator().manual_seed(seed)
+    rows, prompt_len, response_len = 4, 6, 10
+    prompts = torch.randint(3, 200, (rows, prompt_len), generator=gen)
+    responses = torch.randint(3, 200, (rows, response_len), generator=gen)
+    prompt_mask = torch.ones(rows, prompt_len, dtype=torch.long)
+    prompt_mask[0, :2] = 0  # left padding
+    response_mask = torch.ones(rows, response_len, dtype=torch.long)
+    response_mask[1, 7:] = 0  # right padding
+    prompts[prompt_mask == 0] = tokenizer_pad
+    responses[response_mask == 0] = tokenizer_pad
+    attention = torch.cat([prompt_mask, response_mask], 1)
+    data = TensorDict(
+        {
+            "prompts": prompts,
+            "responses": responses,
+            "input_ids": torch.cat([prompts, responses], 1),
+            "attention_mask": attention,
+            "position_ids": (attention.cumsum(1) - 1).clamp(min=0),
+            "response_mask": response_mask,
+            "old_log_probs": -torch.rand(rows, response_len, generator=gen) * 3,
+            "advantages": torch.randn(rows, 1, generator=gen).expand(rows, response_len).contiguous(),
+        },
+        batch_size=[rows],
+    )
+    return left_right_2_no_padding(data)
+
+
+def main(checkpoint: str, out: str, train: str, clipping: str = "separate") -> None:
+    import torch
+    import torch.distributed as dist
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+
+    from functools import partial
+
+    from verl.trainer.config.config import CheckpointConfig
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.config import ActorConfig, FSDPEngineConfig, FSDPOptimizerConfig, HFModelConfig
+    from verl.workers.config.model import MtpConfig
+    from verl.workers.engine.base import EngineRegistry
+    from verl.workers.utils.losses import ppo_loss
+
+    import mtp.verl_fsdp as verl_fsdp
+
+    if clipping == "joint":  # the head's gradients clipped under the policy's norm
+        verl_fsdp.MTPTrainingFSDPEngine.optimizer_step = verl_fsdp.FSDPEngineWithLMHead.optimizer_step
+    model = HFModelConfig(
+        path=checkpoint,
+        tokenizer_path=f"{checkpoint}/tokenizer",
+        use_remove_padding=False,
+        enable_gradient_checkpointing=False,
+        override_config={"attn_implementation": "sdpa"},
+        external_lib="mtp.verl_fsdp",
+        mtp=MtpConfig(enable=True, enable_rollout=True, enable_train=train == "online", mtp_loss_scaling_factor=0.2),
+    )
+    engine = EngineRegistry.new(
+        model_type="language_model",
+        backend="fsdp2",
+        model_config=model,
+        engine_config=FSDPEngineConfig(strategy="fsdp2", use_torch_compile=False, model_dtype="fp32"),
+        # a clip norm that every step reaches, so joint clipping would change the policy's step
+        optimizer_config=FSDPOptimizerConfig(lr=1e-2, clip_grad=1e-3, total_training_steps=1),
+        checkpoint_config=CheckpointConfig(),
+    )
+    engine.initialize()
+    actor = ActorConfig(
+        strategy="fsdp2", rollout_n=4, ppo_mini_batch_size=1, ppo_micro_batch_size_per_gpu=2, use_dynamic_bsz=False,
+        clip_ratio_low=0.2, clip_ratio_high=0.28, loss_agg_mode="token-mean",
+    )  # fmt: skip
+    data = batch(tokenizer_pad=0)
+    tu.assign_non_tensor(
+        data, temperature=1.0, use_remove_padding=False, use_dynamic_bsz=False, micro_batch_size_per_gpu=2,
+        global_batch_size=4, calculate_entropy=False, pad_token_id=0,
+    )  # fmt: skip
+    with engine.train_mode():
+        output = engine.train_batch(data, loss_function=partial(ppo_loss, actor))
+    metrics = {
+        k: float(v.aggregate() if hasattr(v, "aggregate") else v) for k, v in output["metrics"].items() if k != "lr"
+    }
+    state = {name: p.full_tensor().detach().clone() for name, p in engine.module.named_parameters()}
+    torch.save({"params": state, "metrics": metrics}, out)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
