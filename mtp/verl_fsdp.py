@@ -8,7 +8,7 @@ this platform's vendor key, which veRL's lookup prefers to the device-wide defau
 - loads the checkpoint as :class:`MiMoMTPForCausalLM`: HF's Qwen2 trunk plus the MiMo MTP layers of mtp/model.py
   under the checkpoint's names (``model.mtp_layers.*``), so FSDP shards them, checkpoints save them, and veRL's
   weight sync sends them to the vLLM servers, whose MTP drafter loads them (the plain Qwen2 model drops them);
-- adds the MTP loss of the local backend (recipe/dapo/policy.py) to each micro-batch's policy loss during the
+- adds the MTP loss of the local backend (recipe/dapo/policy.py) to each micro-batch's backward during the
   update: CE of the MTP logits at the positions mtp/loss.py's masks train, on detached trunk hidden states,
   embeddings and LM head, scaled by ``actor_rollout_ref.model.mtp.mtp_loss_scaling_factor`` and by the
   micro-batch's share of the mini-batch's response tokens;
@@ -36,8 +36,8 @@ from mtp.model import MiMoConfig, MTPLayer, packed_positions, rope_cos_sin, run_
 
 class MiMoMTPForCausalLM(Qwen2ForCausalLM):
     """HF Qwen2 with MiMo's MTP layers (``model.mtp_layers``). Given ``mtp_batch`` the forward also computes the
-    MTP loss and top-1 accuracy (kept in :attr:`mtp_result` for the engine), inside the FSDP root's forward where
-    the head's and the LM head's parameters are gathered."""
+    MTP loss and top-1 accuracy (:attr:`mtp_result`, for the engine's metrics) inside the FSDP root's forward,
+    where the head's parameters are gathered, and puts the loss on the logits' backward."""
 
     def __init__(self, config: Qwen2Config):
         super().__init__(config)
