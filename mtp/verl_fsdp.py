@@ -72,12 +72,10 @@ class MiMoMTPForCausalLM(Qwen2ForCausalLM):
         rope = rope_cos_sin(positions, self.mimo.head_dim, self.mimo.rope_theta)
         targets, trained = mtp_targets(ids, mtp_batch["response_mask"], cu_seqlens, depth=0)
         at = trained.nonzero().squeeze(-1)
-        dtype = self.model.mtp_layers[0].input_proj.weight.dtype
-        with torch.autocast(device_type=hidden.device.type, enabled=False):
-            (logits,) = run_mtp_layers(
-                self.model.mtp_layers[:1], hidden.to(dtype), embeds.to(dtype), head.to(dtype), cu_seqlens, positions,
-                rope, detach_inputs=True, mtp_positions=at,
-            )  # fmt: skip
+        (logits,) = run_mtp_layers(
+            self.model.mtp_layers[:1], hidden, embeds, head, cu_seqlens, positions, rope,
+            detach_inputs=True, mtp_positions=at,
+        )  # fmt: skip
         mtp_loss, mtp_acc = masked_ce(logits, targets[at], torch.ones_like(at))
         self.mtp_result = (mtp_loss.detach(), mtp_acc)
         # the loss rides on the logits' backward: FSDP gathers the parameters again before the backward of the
