@@ -61,6 +61,27 @@ def wait_for_checkpoint(proc: subprocess.Popen, out: Path, step: int, timeout_s:
     raise TimeoutError(f"no checkpoint of step {step} within {timeout_s} s")
 
 
+def short_run(steps: int) -> tuple[str, ...]:
+    """A run of ``steps`` steps without checkpoints or evaluation."""
+    return (f"trainer.total_training_steps={steps}", "trainer.save_freq=-1", "trainer.test_freq=-1",
+            "trainer.val_before_train=false")  # fmt: skip
+
+
+@pytest.fixture
+def verl_job():
+    """A job id for a launch to run under; the job's processes and /dev/shm files are gone afterwards."""
+    job, shm_before = f"test-{uuid.uuid4().hex}", _shm_entries()
+    yield job
+    cleanup_job(job, shm_before)
+    leftover = _shm_entries() - shm_before
+    assert not leftover, f"/dev/shm entries left by the run: {sorted(leftover)}"
+
+
+def run_to_end(args: list[str], job: str) -> None:
+    run = subprocess.run(args, cwd=REPO, env={**os.environ, JOB_ENV: job}, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+
+
 @pytest.mark.slow
 def test_verl_trainer_runs_dapo_with_sam_and_resumes_after_kill_9(harness_model, tmp_path):
     out = tmp_path / "run"
@@ -119,90 +140,57 @@ def mean_acceptance(out: Path) -> float:
 
 
 @pytest.mark.slow
-def test_two_replicas_keep_each_prompt_on_one_server_and_mtp_drafts_with_the_checkpoint_head(harness_model, tmp_path):
-    job = f"test-{uuid.uuid4().hex}"
-    shm_before = _shm_entries()
-    short = ("spec.mtp.train=frozen", "trainer.total_training_steps=2", "trainer.save_freq=-1",
-             "trainer.test_freq=-1", "trainer.val_before_train=false")  # fmt: skip
-    try:
-        out = tmp_path / "verl"
-        args = launch_args(harness_model, out, *short, "trainer.n_gpus_per_node=2", spec="mtp")
-        run = subprocess.run(
-            args, cwd=REPO, env={**os.environ, JOB_ENV: job}, capture_output=True, text=True, timeout=900
-        )
-        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+def test_two_replicas_keep_each_prompt_on_one_server_and_mtp_drafts_with_the_checkpoint_head(
+    harness_model, tmp_path, verl_job
+):
+    short = ("spec.mtp.train=frozen", *short_run(2))
+    out = tmp_path / "verl"
+    run_to_end(launch_args(harness_model, out, *short, "trainer.n_gpus_per_node=2", spec="mtp"), verl_job)
 
-        # every request of a prompt (its samples, every refill round, both steps) went to one server, both served
-        routes = [json.loads(line) for line in (out / "server_timeline" / "routing.jsonl").read_text().splitlines()]
-        servers_of: dict[str, set] = {}
-        for r in routes:
-            servers_of.setdefault(r["prompt"], set()).add(r["server"])
-        assert all(len(s) == 1 for s in servers_of.values()), servers_of
-        per_server = sorted(sum(r["server"] == s for r in routes) for s in {r["server"] for r in routes})
-        # and the servers' own timelines finished exactly those requests, one engine file per server
-        finished = sorted(
-            sum(len(json.loads(line)["finished"]) for line in p.read_text().splitlines())
-            for p in (out / "server_timeline").glob("engine-*.jsonl")
-        )
-        assert len(per_server) == 2 and finished == per_server
+    # every request of a prompt (its samples, every refill round, both steps) went to one server, both served
+    routes = [json.loads(line) for line in (out / "server_timeline" / "routing.jsonl").read_text().splitlines()]
+    servers_of: dict[str, set] = {}
+    for r in routes:
+        servers_of.setdefault(r["prompt"], set()).add(r["server"])
+    assert all(len(s) == 1 for s in servers_of.values()), servers_of
+    per_server = sorted(sum(r["server"] == s for r in routes) for s in {r["server"] for r in routes})
+    # and the servers' own timelines finished exactly those requests, one engine file per server
+    finished = sorted(
+        sum(len(json.loads(line)["finished"]) for line in p.read_text().splitlines())
+        for p in (out / "server_timeline").glob("engine-*.jsonl")
+    )
+    assert len(per_server) == 2 and finished == per_server
 
-        # the MTP head drafts with the checkpoint's weights on both servers: as well as the local engine does
-        # (a random head, what veRL's dummy load left before, accepts 0.7% of drafts)
-        local = tmp_path / "local"
-        ran = subprocess.run(launch_args(harness_model, local, *short, backend="local", spec="mtp"), cwd=REPO,
-                             capture_output=True, text=True, timeout=600)  # fmt: skip
-        assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
-        verl_rate, local_rate = mean_acceptance(out), mean_acceptance(local)
-        assert local_rate > 0.15 and 0.5 * local_rate < verl_rate < 2.0 * local_rate, (verl_rate, local_rate)
-    finally:
-        cleanup_job(job, shm_before)
-    leftover = _shm_entries() - shm_before
-    assert not leftover, f"/dev/shm entries left by the run: {sorted(leftover)}"
+    # the MTP head drafts with the checkpoint's weights on both servers: as well as the local engine does
+    # (a random head, what veRL's dummy load left before, accepts 0.7% of drafts)
+    local = tmp_path / "local"
+    ran = subprocess.run(launch_args(harness_model, local, *short, backend="local", spec="mtp"), cwd=REPO,
+                         capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
+    verl_rate, local_rate = mean_acceptance(out), mean_acceptance(local)
+    assert local_rate > 0.15 and 0.5 * local_rate < verl_rate < 2.0 * local_rate, (verl_rate, local_rate)
 
 
 @pytest.mark.slow
-def test_online_mtp_on_the_fsdp_actor_trains_the_head_and_syncs_it_to_the_servers(harness_model, tmp_path):
+def test_online_mtp_on_the_fsdp_actor_trains_the_head_and_syncs_it_to_the_servers(harness_model, tmp_path, verl_job):
     """spec=mtp online on veRL's FSDP actor (mtp/verl_fsdp.py): the update logs the head's loss, and the servers,
     which start from veRL's random "dummy" weights, draft with the actor's head: only weight sync can have put it
     there (a random head accepts 0.7% of drafts)."""
-    job = f"test-{uuid.uuid4().hex}"
-    shm_before = _shm_entries()
-    short = ("spec.mtp.train=online", "trainer.total_training_steps=2", "trainer.save_freq=-1",
-             "trainer.test_freq=-1", "trainer.val_before_train=false")  # fmt: skip
-    try:
-        out = tmp_path / "verl"
-        run = subprocess.run(
-            launch_args(harness_model, out, *short, spec="mtp"), cwd=REPO, env={**os.environ, JOB_ENV: job},
-            capture_output=True, text=True, timeout=900,
-        )  # fmt: skip
-        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-        assert OmegaConf.load(out / "verl_config.yaml").actor_rollout_ref.rollout.load_format == "dummy"
-        rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-        trained = [row for row in rows if "actor/mtp/loss" in row]  # veRL prefixes the actor's metrics
-        assert [row["step"] for row in trained] == [1, 2]
-        assert all(0 < row["actor/mtp/loss"] < 10 and 0 < row["actor/mtp/acc"] <= 1 for row in trained)
-        assert mean_acceptance(out) > 0.15
-    finally:
-        cleanup_job(job, shm_before)
-    leftover = _shm_entries() - shm_before
-    assert not leftover, f"/dev/shm entries left by the run: {sorted(leftover)}"
+    out = tmp_path / "verl"
+    run_to_end(launch_args(harness_model, out, "spec.mtp.train=online", *short_run(2), spec="mtp"), verl_job)
+    assert OmegaConf.load(out / "verl_config.yaml").actor_rollout_ref.rollout.load_format == "dummy"
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    trained = [row for row in rows if "actor/mtp/loss" in row]  # veRL prefixes the actor's metrics
+    assert [row["step"] for row in trained] == [1, 2]
+    assert all(0 < row["actor/mtp/loss"] < 10 and 0 < row["actor/mtp/acc"] <= 1 for row in trained)
+    assert mean_acceptance(out) > 0.15
 
 
 @pytest.mark.slow
-def test_spec_off_runs_with_no_drafts_in_the_servers_timeline(harness_model, tmp_path):
-    job = f"test-{uuid.uuid4().hex}"
-    shm_before = _shm_entries()
+def test_spec_off_runs_with_no_drafts_in_the_servers_timeline(harness_model, tmp_path, verl_job):
     out = tmp_path / "off"
-    short = ("trainer.total_training_steps=1", "trainer.save_freq=-1", "trainer.test_freq=-1",
-             "trainer.val_before_train=false")  # fmt: skip
-    try:
-        run = subprocess.run(launch_args(harness_model, out, *short, spec="off"), cwd=REPO,
-                             env={**os.environ, JOB_ENV: job}, capture_output=True, text=True, timeout=900)  # fmt: skip
-        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-        (row,) = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-        assert row["rollout/throughput_tok_s"] > 0 and row["response_length/mean"] < MAX_RESPONSE
-        assert row["rollout/tokens_per_request_step"] == 1.0  # one token per request per engine step
-        assert row["rollout/spec_accept_length"] == 1.0 and row["rollout/spec_draft_acceptance_rate"] == 0.0
-    finally:
-        cleanup_job(job, shm_before)
-    assert not _shm_entries() - shm_before
+    run_to_end(launch_args(harness_model, out, *short_run(1), spec="off"), verl_job)
+    (row,) = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert row["rollout/throughput_tok_s"] > 0 and row["response_length/mean"] < MAX_RESPONSE
+    assert row["rollout/tokens_per_request_step"] == 1.0  # one token per request per engine step
+    assert row["rollout/spec_accept_length"] == 1.0 and row["rollout/spec_draft_acceptance_rate"] == 0.0
