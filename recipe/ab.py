@@ -46,7 +46,7 @@ MODES: dict[str, list[str]] = {
     "mtp_frozen": ["spec=mtp", "spec.mtp.train=frozen"],
     "mtp_online": ["spec=mtp", "spec.mtp.train=online"],
 }
-VAL_KEY = "val-core/tiny_sum/acc/mean@1"
+VAL_KEY = "val-core/tiny_sum/acc/greedy"
 ALPHA = 0.01
 
 
@@ -196,6 +196,10 @@ QUARTER_METRICS = (
     ("mtp/head_acc", "MTP head top-1", 3),
     ("mtp/head_loss", "MTP head loss", 3),
     ("train/gen_score_mean", "reward (all generated)", 3),
+    ("drift/kl_from_start", "KL from the starting policy (drift probe)", 4),
+    ("drift/mtp_accept_start_head", "starting (frozen) head's expected acceptance (drift probe)", 3),
+    ("drift/mtp_accept_head", "the run's head's expected acceptance (drift probe)", 3),
+    ("rollout/spec_draft_acceptance_rate", "vLLM draft acceptance rate", 3),
 )
 
 
@@ -337,7 +341,7 @@ def markdown(t: dict[str, list[dict]], runs: dict[str, list[dict]], command: str
             label, nd = labels[r["metric"]]
             lines.append(f"| {r['mode']} | {label} | " + " | ".join(f(r[f"q{i}"], nd) for i in range(1, 5)) + " |")
     lines += ["", "![acceptance](acceptance.png)", "", "![throughput](throughput.png)", ""]
-    lines += ["![reward and length](reward_length.png)", "", "![timeline](timeline.png)", ""]
+    lines += ["![reward and length](reward_length.png)", "", "![drift](drift.png)", "", "![timeline](timeline.png)", ""]
     return "\n".join(lines)
 
 
@@ -378,7 +382,41 @@ def plots(runs: dict[str, list[dict]], runs_dir: Path, out: Path) -> None:
         fig.tight_layout()
         fig.savefig(out / filename, dpi=110)
         plt.close(fig)
+    drift_plot(runs, out / "drift.png")
     timeline_plot(runs_dir, out / "timeline.png")
+
+
+def drift_plot(runs: dict[str, list[dict]], path: Path) -> None:
+    """How far each run's policy moved (KL from its start on the drift probe, per step), and the MTP heads'
+    acceptance against that drift: the starting head's and the run's head's expected acceptance on the probe, and
+    vLLM's measured draft acceptance rate of the step's rollout."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    for mode, h in runs.items():
+        steps, kl = series(h, "drift/kl_from_start")
+        if not len(kl):
+            continue
+        axes[0].plot(steps, kl, label=mode, lw=1.5)
+        for key, style, name in (("drift/mtp_accept_start_head", ":", "starting head"),
+                                 ("drift/mtp_accept_head", "-", "run's head"),
+                                 ("rollout/spec_draft_acceptance_rate", ".", "vLLM measured")):  # fmt: skip
+            if not mode.startswith("mtp") and key != "drift/mtp_accept_start_head":
+                continue
+            rows = [r for r in h if key in r and "drift/kl_from_start" in r]
+            if rows:
+                axes[1].plot([r["drift/kl_from_start"] for r in rows], [r[key] for r in rows], style, ms=3,
+                             label=f"{mode}: {name}")  # fmt: skip
+    axes[0].set_title("KL(start || now) per token on the drift probe", fontsize=10)
+    axes[0].set_xlabel("step")
+    axes[1].set_title("draft acceptance against drift", fontsize=10)
+    axes[1].set_xlabel("KL from the starting policy")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def timeline_plot(runs_dir: Path, path: Path) -> None:

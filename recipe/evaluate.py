@@ -34,6 +34,11 @@ class EvalResult:
     response_lengths: list[int]
     spec: SpecCounters
     seconds: float
+    samples: list[dict]  # one per response, problem by problem: prompt, text, ground truth, score, acc
+
+    def problem_accuracy(self) -> np.ndarray:
+        """Mean accuracy per problem over its samples (the unit of a paired test across evaluations)."""
+        return np.asarray([s["acc"] for s in self.samples], dtype=float).reshape(self.num_problems, -1).mean(1)
 
     def as_dict(self) -> dict:
         return {
@@ -69,11 +74,16 @@ def evaluate(
     outputs = llm.generate(chat_prompts(tokenizer, problems), params, use_tqdm=False)
     seconds = time.perf_counter() - start
     spec = spec_counters(llm) - before
-    accs, lengths = [], []
+    accs, lengths, samples = [], [], []
     for problem, out in zip(problems, outputs, strict=True):
         for comp in out.outputs:
-            accs.append(float(score_response(comp.text, problem.ground_truth)["acc"]))
+            scored = score_response(comp.text, problem.ground_truth)
+            accs.append(float(scored["acc"]))
             lengths.append(len(comp.token_ids))
+            samples.append(
+                {"input": out.prompt, "output": comp.text, "gts": problem.ground_truth, "score": float(scored["score"]),
+                 "acc": bool(scored["acc"]), "pred": scored["pred"]}
+            )  # fmt: skip
     return EvalResult(
         pass_at_1=float(np.mean(accs)),
         num_problems=len(problems),
@@ -82,4 +92,5 @@ def evaluate(
         response_lengths=lengths,
         spec=spec,
         seconds=seconds,
+        samples=samples,
     )

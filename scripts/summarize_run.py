@@ -12,9 +12,45 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
+
+
+def problem_accuracy(path: Path) -> pd.Series:
+    """Per held-out problem (its prompt), the mean accuracy of its samples in one of veRL's validation dumps."""
+    return pd.read_json(path, lines=True).groupby("input")["acc"].mean()
+
+
+def heldout_rise(validation_dir: Path) -> list[dict]:
+    """Did held-out accuracy rise? For each evaluation pass (``<step>.jsonl``: val_kwargs, ``greedy/``), the
+    first and last evaluation's accuracy per problem, paired, and a one-sided sign-flip permutation test on the
+    per-problem differences (the same problems at both evaluations, so problem difficulty cancels)."""
+    from scipy.stats import permutation_test
+
+    out = []
+    for name, folder in (("sampled (val_kwargs)", validation_dir), ("greedy", validation_dir / "greedy")):
+        dumps = sorted(folder.glob("*.jsonl"), key=lambda p: int(p.stem))
+        if len(dumps) < 2:
+            continue
+        first, last = problem_accuracy(dumps[0]), problem_accuracy(dumps[-1])
+        first, last = first.align(last, join="inner")
+        test = permutation_test(
+            (last.to_numpy(), first.to_numpy()),
+            lambda x, y, axis: np.mean(x - y, axis=axis),
+            permutation_type="samples",
+            alternative="greater",
+            n_resamples=20000,
+            vectorized=True,
+            random_state=0,
+        )
+        out.append({
+            "pass": name, "problems": len(first), "first_step": int(dumps[0].stem), "last_step": int(dumps[-1].stem),
+            "first": float(first.mean()), "last": float(last.mean()), "p_value": float(test.pvalue),
+            "by_step": {int(p.stem): float(problem_accuracy(p).mean()) for p in dumps},
+        })  # fmt: skip
+    return out
 
 
 def main() -> None:
@@ -38,8 +74,6 @@ def main() -> None:
     steps = [r for r in history if r["step"] > 0]  # step 0: the evaluation before training
     quarter = max(1, len(steps) // 4)
     quarters = [steps[i * quarter : (i + 1) * quarter] for i in range(3)] + [steps[3 * quarter :]]
-    val_key = "val-core/tiny_sum/acc/mean@1"
-    vals = [(r["step"], r[val_key]) for r in history if val_key in r]
     probe_key = next((k for r in history for k in r if k.startswith(PROBE_ACC)), None)
     probes = [(r["step"], r[probe_key]) for r in history if probe_key and probe_key in r]
     total_s = sum(r.get("timing_s/step", 0.0) for r in history)
@@ -57,10 +91,13 @@ def main() -> None:
                 "rollout/throughput_tok_s", "rollout/tail_throughput_tok_s", "rollout/spec_accept_length",
                 "timing_s/gen", "timing_s/step"):  # fmt: skip
         lines.append(f"| `{key}` | " + " | ".join(f"{mean(key, q):.3f}" for q in quarters if q) + " |")
-    if vals:
+    for row in heldout_rise(run / "validation"):
+        steps_line = ", ".join(f"step {k}: {v:.3f}" for k, v in row["by_step"].items())
         lines += [
             "",
-            "Greedy accuracy on the validation problems: " + ", ".join(f"step {s}: {v:.3f}" for s, v in vals) + ".",
+            f"Held-out accuracy, {row['pass']}, {row['problems']} problems: {steps_line}. First -> last evaluation "
+            f"{row['first']:.3f} -> {row['last']:.3f}, one-sided paired permutation test over problems p = "
+            f"{row['p_value']:.4f}.",
         ]
     if probes:
         lines += [

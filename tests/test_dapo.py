@@ -86,6 +86,8 @@ def test_unknown_key_is_named():
         ("backend=ray", "backend"),
         ("data.train_max_samples=0", "data.train_max_samples"),
         ("algorithm.filter_groups.metric=seq_reward", "algorithm.filter_groups.metric"),  # not a veRL V1 metric
+        ("recipe.drift_probe.prompts=-1", "recipe.drift_probe.prompts"),
+        ("actor_rollout_ref.rollout.val_kwargs.n=0", "actor_rollout_ref.rollout.val_kwargs.n"),
     ],
 )
 def test_bad_values_fail_before_work_naming_the_key(override, key):
@@ -141,11 +143,18 @@ def test_two_step_job_then_kill_and_resume_matches_uninterrupted(harness_model, 
         "train/num_gen_batches",
         "rollout/spec_accept_length",
         "actor/pg_loss",
-        "val-core/tiny_sum/acc/mean@1",
+        "val-core/tiny_sum/acc/mean@4",  # sampled, rollout.val_kwargs
+        "val-core/tiny_sum/acc/greedy",
         "val-aux/train_probe/acc/mean@2",
+        "drift/kl_from_start",
+        "drift/mtp_accept_start_head",
     ):
         assert key in rows[-1], key
     assert (full / "global_step_3" / "actor" / "model.safetensors").is_file()
+    sampled = [json.loads(x) for x in (full / "validation" / "3.jsonl").read_text().splitlines()]
+    greedy = [json.loads(x) for x in (full / "validation" / "greedy" / "3.jsonl").read_text().splitlines()]
+    assert len(sampled) == 8 * 4 and len(greedy) == 8  # veRL's dump: val_max_samples x val_kwargs.n, greedy once
+    assert sum(r["acc"] for r in sampled) / len(sampled) == pytest.approx(rows[-1]["val-core/tiny_sum/acc/mean@4"])
     assert list((full / "timelines").glob("step_00001_round_*.json"))
 
     killed = tmp_path / "killed"

@@ -156,6 +156,10 @@ def validate(cfg: DictConfig) -> None:
     _require(rc.long_tail_threshold >= 1, "recipe.long_tail_threshold", f"must be >= 1, got {rc.long_tail_threshold}")
     _require(rc.train_probe.prompts >= 0, "recipe.train_probe.prompts", "must be >= 0 (0: off)")
     _require(rc.train_probe.n >= 1, "recipe.train_probe.n", f"must be >= 1, got {rc.train_probe.n}")
+    _require(rc.drift_probe.prompts >= 0, "recipe.drift_probe.prompts", "must be >= 0 (0: off)")
+    _require(rc.drift_probe.n >= 1, "recipe.drift_probe.n", f"must be >= 1, got {rc.drift_probe.n}")
+    vk = cfg.actor_rollout_ref.rollout.val_kwargs
+    _require(vk.n >= 1, "actor_rollout_ref.rollout.val_kwargs.n", f"must be >= 1, got {vk.n}")
     for key in ("nnodes", "n_gpus_per_node"):
         _require(tr[key] >= 1, f"trainer.{key}", f"must be >= 1, got {tr[key]}")
     _require(

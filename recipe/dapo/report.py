@@ -45,13 +45,11 @@ def plot_run(history: list[dict], path: str | Path, title: str = "") -> Path:
             smooth = np.convolve(values, np.ones(window) / window, mode="valid")
             ax.plot(steps[window - 1 :], smooth, lw=2, label=f"running mean ({window})")
         if key == "train/gen_score_mean":
-            for extra, style, name in (
-                ("val-core/tiny_sum/acc/mean@1", "s--", "greedy val acc"),
-                (next((k for h in history for k in h if k.startswith(PROBE_ACC)), None), "D-", "train probe acc (T=1)"),
-            ):
-                v = [(h["step"], 2 * h[extra] - 1) for h in history if extra and extra in h]
-                if v:
-                    ax.plot(*zip(*v, strict=True), style, label=f"{name} (as score: 2*acc-1)")
+            held_out = sorted({k for h in history for k in h if k.startswith("val-core/") and "/acc/" in k})
+            probe = sorted({k for h in history for k in h if k.startswith(PROBE_ACC)})
+            for extra, style in [*((k, "s--") for k in held_out), *((k, "D-") for k in probe)]:
+                v = [(h["step"], 2 * h[extra] - 1) for h in history if extra in h]
+                ax.plot(*zip(*v, strict=True), style, label=f"{extra} (as score: 2*acc-1)")
         ax.set_xlabel("step")
         ax.set_title(label, fontsize=10)
         ax.legend(fontsize=7)

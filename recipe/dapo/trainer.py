@@ -26,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from mtp.checkpoint import load_checkpoint, save_checkpoint
 from recipe.dapo.batch import RewardFunction, build_batch, kept_groups, select_groups
 from recipe.dapo.data import PromptStream, load_prompts
+from recipe.dapo.drift import DriftProbe, load_or_sample_probe
 from recipe.dapo.policy import Actor
 from recipe.dapo.report import LATEST_FILE, PROBE_PREFIX, latest_step, plot_run
 from recipe.dapo.rollout import RolloutEngine
@@ -70,6 +71,7 @@ class DAPOTrainer:
     def __init__(self, cfg: DictConfig, verl_cfg: DictConfig):
         self.cfg, self.options = cfg, cfg.recipe
         self.out_dir = Path(verl_cfg.trainer.default_local_dir)
+        self.validation_dir = verl_cfg.trainer.validation_data_dir
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.seed = int(cfg.data.seed)
         self._seed_everything(self.seed)
@@ -96,11 +98,13 @@ class DAPOTrainer:
             verl_cfg.data.train_files, self.tokenizer, data.max_prompt_length, max_rows=_rows(data.train_max_samples)
         )
         self.stream = PromptStream(problems, prompt_ids, self.seed, data.shuffle)
-        self.val_problems, _ = load_prompts(
+        self.val_problems, self.val_prompt_ids = load_prompts(
             verl_cfg.data.val_files, self.tokenizer, data.max_prompt_length, max_rows=_rows(data.val_max_samples)
         )
         probe = self.options.train_probe
         self.probe_problems = problems[: int(probe.prompts)] if probe.prompts > 0 else []
+        self.model_path = model_path
+        self.drift: DriftProbe | None = None
         self.reward = RewardFunction(verl_cfg)
         self.sampling = {"temperature": ro.temperature, "top_p": ro.top_p, "max_tokens": data.max_response_length}
         self.global_step = 0
@@ -262,15 +266,23 @@ class DAPOTrainer:
         return m
 
     def validate(self) -> dict[str, float]:
-        """Greedy accuracy on the validation problems, and the sampled accuracy on the fixed training probe
-        (the per-step training reward mixes policy change with the difficulty of whatever prompts came up)."""
+        """Held-out accuracy as veRL evaluates it (``rollout.val_kwargs``: mean@n, sampled as in rollouts), greedy
+        accuracy too when that is sampled, and the sampled accuracy on the fixed training probe (the per-step
+        training reward mixes policy change with the difficulty of whatever prompts came up). Every held-out
+        sample goes to ``trainer.validation_data_dir`` in veRL's format, the greedy ones under ``greedy/``."""
         max_tokens = self.cfg.data.max_response_length
-        res = evaluate(self.engine.llm, self.val_problems, n=1, temperature=0.0, max_tokens=max_tokens)
+        vk = self.cfg.actor_rollout_ref.rollout.val_kwargs
         source = self.val_problems[0].data_source
-        metrics = {
-            f"val-core/{source}/acc/mean@1": res.pass_at_1,
-            f"val-aux/{source}/response_length/mean": res.mean_response_tokens,
-        }
+        passes = {"": (int(vk.n), float(vk.temperature) if vk.do_sample else 0.0, float(vk.top_p))}
+        if vk.do_sample:
+            passes["greedy"] = (1, 0.0, 1.0)
+        metrics = {}
+        for name, (n, temperature, top_p) in passes.items():
+            res = evaluate(self.engine.llm, self.val_problems, n=n, temperature=temperature, top_p=top_p,
+                           max_tokens=max_tokens)  # fmt: skip
+            metrics[f"val-core/{source}/acc/{name or f'mean@{n}'}"] = res.pass_at_1
+            metrics[f"val-aux/{source}/response_length/{name or 'mean'}"] = res.mean_response_tokens
+            self._dump_validation(res.samples, name)
         if self.probe_problems:
             ro, n = self.cfg.actor_rollout_ref.rollout, int(self.options.train_probe.n)
             probe = evaluate(
@@ -281,6 +293,40 @@ class DAPOTrainer:
             metrics[f"{PROBE_PREFIX}/response_length/mean"] = probe.mean_response_tokens
         return metrics
 
+    def drift_metrics(self) -> dict[str, float]:
+        return self.drift.measure(self.policy) if self.drift is not None else {}
+
+    def _dump_validation(self, samples: list[dict], subdir: str) -> None:
+        """veRL's writer of validation generations (``<validation_data_dir>/<step>.jsonl``), as its trainer calls it."""
+        folder = self.validation_dir
+        if not folder:
+            return
+        from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+        columns = {k: [s[k] for s in samples] for k in samples[0]}
+        extra = {k: v for k, v in columns.items() if k not in ("input", "output", "gts", "score")}
+        RayPPOTrainer._write_generations(
+            columns["input"], columns["output"], columns["gts"], columns["score"], extra,
+            str(Path(folder, subdir)), self.global_step,
+        )  # fmt: skip
+
+    def make_drift_probe(self) -> DriftProbe | None:
+        """``recipe.drift_probe``: the starting policy's responses to the first validation problems, sampled by the
+        engine while it still holds the starting weights (before a resumed run's sync), and the starting policy."""
+        probe = self.options.drift_probe
+        if probe.prompts <= 0:
+            return None
+
+        def sample() -> list[dict]:
+            self.engine.llm.collective_rpc(_reseed_worker, args=(self.seed,))
+            prompts = self.val_prompt_ids[: int(probe.prompts)]
+            result = self.engine.generate(prompts, int(probe.n), self.sampling)
+            return [{"prompt": r.prompt_ids, "response": r.token_ids} for r in result.responses]
+
+        sequences = load_or_sample_probe(self.out_dir, sample)
+        start = load_checkpoint(self.model_path, dtype=torch.float32)
+        return DriftProbe(start, sequences, float(self.cfg.actor_rollout_ref.rollout.temperature))
+
     def fit(self) -> list[dict]:
         from verl.trainer.ppo.metric_utils import (
             compute_data_metrics,
@@ -289,6 +335,7 @@ class DAPOTrainer:
         )
 
         tr = self.cfg.trainer
+        self.drift = self.make_drift_probe()
         resumed = self.try_resume()
         self.engine.sync_weights(self.policy.state_dict())
         history_path = self.out_dir / "metrics.jsonl"
@@ -305,7 +352,7 @@ class DAPOTrainer:
                 fh.write(json.dumps({"step": step, **metrics}) + "\n")
 
         if tr.val_before_train and not resumed:
-            record(0, {k: float(v) for k, v in self.validate().items()})
+            record(0, {k: float(v) for k, v in {**self.validate(), **self.drift_metrics()}.items()})
         from tqdm import tqdm
 
         bar = tqdm(
@@ -333,6 +380,8 @@ class DAPOTrainer:
                     self.engine.wake_up()
                     with timed(timing, "update_weights"):
                         self.engine.sync_weights(self.policy.state_dict())
+                    with timed(timing, "drift"):
+                        metrics.update(self.drift_metrics())
                 if (tr.test_freq > 0 and step % tr.test_freq == 0) or step == total:
                     with timed(timing, "testing"):
                         metrics.update(self.validate())

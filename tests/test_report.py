@@ -1,0 +1,48 @@
+"""scripts/summarize_run.py's test of a held-out rise, on validation dumps in veRL's format."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("summarize_run", REPO / "scripts" / "summarize_run.py")
+summarize_run = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(summarize_run)
+
+
+def write_dump(folder: Path, step: int, accs: np.ndarray) -> None:
+    """``accs[problem, sample]`` as veRL's ``<step>.jsonl``, rows in a shuffled order (pairing is by prompt)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = [{"input": f"problem {i}", "output": "", "gts": "0", "score": 1.0 if a else -1.0, "step": step, "acc": bool(a)}
+            for i, problem in enumerate(accs) for a in problem]  # fmt: skip
+    order = np.random.default_rng(step).permutation(len(rows))
+    (folder / f"{step}.jsonl").write_text("".join(json.dumps(rows[i]) + "\n" for i in order))
+
+
+def test_a_rise_on_the_same_problems_is_significant_and_no_change_is_not(tmp_path):
+    rng = np.random.default_rng(0)
+    difficulty = rng.uniform(0.05, 0.6, size=(200, 1))
+    before = rng.random((200, 4)) < difficulty
+    after = rng.random((200, 4)) < difficulty + 0.12
+    rose, flat = tmp_path / "rose", tmp_path / "flat"
+    for step, accs in ((0, before), (50, before), (100, after)):
+        write_dump(rose, step, accs)
+    write_dump(flat, 0, before)
+    write_dump(flat, 100, before)
+    (result,) = summarize_run.heldout_rise(rose)
+    assert result["first_step"] == 0 and result["last_step"] == 100 and result["problems"] == 200
+    assert result["first"] == before.mean() and result["last"] == after.mean()
+    assert result["p_value"] < 0.01
+    assert summarize_run.heldout_rise(flat)[0]["p_value"] > 0.4  # no difference at all: nowhere near significant
+
+
+def test_a_fall_is_not_reported_as_a_rise(tmp_path):
+    rng = np.random.default_rng(1)
+    before = rng.random((200, 4)) < 0.4
+    write_dump(tmp_path, 0, before)
+    write_dump(tmp_path, 100, rng.random((200, 4)) < 0.3)
+    assert summarize_run.heldout_rise(tmp_path)[0]["p_value"] > 0.5  # one-sided: a fall is evidence against
