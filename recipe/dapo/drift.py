@@ -43,8 +43,8 @@ class DriftProbe:
         self.cu_seqlens = torch.zeros(len(lengths) + 1, dtype=torch.long)
         self.cu_seqlens[1:] = torch.tensor(lengths).cumsum(0)
         # position t scores token t+1 (the next-token distribution) where t+1 is a response token
-        self.next_positions = next_token_targets(self.input_ids, self.response_mask, self.cu_seqlens)[1]
-        self.next_positions = self.next_positions.nonzero().squeeze(-1)
+        _, scored = next_token_targets(self.input_ids, self.response_mask, self.cu_seqlens)
+        self.next_positions = scored.nonzero().squeeze(-1)
         # an MTP head at t drafts token t+2 from the hidden state at t and token t+1; the policy judges it at t+1
         _, drafted = mtp_targets(self.input_ids, self.response_mask, self.cu_seqlens, depth=0)
         self.draft_positions = drafted.nonzero().squeeze(-1)

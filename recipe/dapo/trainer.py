@@ -273,16 +273,19 @@ class DAPOTrainer:
         max_tokens = self.cfg.data.max_response_length
         vk = self.cfg.actor_rollout_ref.rollout.val_kwargs
         source = self.val_problems[0].data_source
-        passes = {"": (int(vk.n), float(vk.temperature) if vk.do_sample else 0.0, float(vk.top_p))}
+        # (metric suffix, dump sub-folder, samples per problem, temperature, top_p)
+        passes = [(f"mean@{vk.n}", "", int(vk.n), float(vk.temperature) if vk.do_sample else 0.0, float(vk.top_p))]
         if vk.do_sample:
-            passes["greedy"] = (1, 0.0, 1.0)
+            passes.append(("greedy", "greedy", 1, 0.0, 1.0))
         metrics = {}
-        for name, (n, temperature, top_p) in passes.items():
+        for suffix, subdir, n, temperature, top_p in passes:
             res = evaluate(self.engine.llm, self.val_problems, n=n, temperature=temperature, top_p=top_p,
                            max_tokens=max_tokens)  # fmt: skip
-            metrics[f"val-core/{source}/acc/{name or f'mean@{n}'}"] = res.pass_at_1
-            metrics[f"val-aux/{source}/response_length/{name or 'mean'}"] = res.mean_response_tokens
-            self._dump_validation(res.samples, name)
+            metrics[f"val-core/{source}/acc/{suffix}"] = res.pass_at_1
+            metrics[f"val-aux/{source}/response_length/{'mean' if suffix.startswith('mean') else suffix}"] = (
+                res.mean_response_tokens
+            )
+            self._dump_validation(res.samples, subdir)
         if self.probe_problems:
             ro, n = self.cfg.actor_rollout_ref.rollout, int(self.options.train_probe.n)
             probe = evaluate(
