@@ -36,10 +36,6 @@ class EvalResult:
     seconds: float
     samples: list[dict]  # one per response, problem by problem: prompt, text, ground truth, score, acc
 
-    def problem_accuracy(self) -> np.ndarray:
-        """Mean accuracy per problem over its samples (the unit of a paired test across evaluations)."""
-        return np.asarray([s["acc"] for s in self.samples], dtype=float).reshape(self.num_problems, -1).mean(1)
-
     def as_dict(self) -> dict:
         return {
             "pass@1": self.pass_at_1,
@@ -74,18 +70,17 @@ def evaluate(
     outputs = llm.generate(chat_prompts(tokenizer, problems), params, use_tqdm=False)
     seconds = time.perf_counter() - start
     spec = spec_counters(llm) - before
-    accs, lengths, samples = [], [], []
+    lengths, samples = [], []
     for problem, out in zip(problems, outputs, strict=True):
         for comp in out.outputs:
             scored = score_response(comp.text, problem.ground_truth)
-            accs.append(float(scored["acc"]))
             lengths.append(len(comp.token_ids))
             samples.append(
                 {"input": out.prompt, "output": comp.text, "gts": problem.ground_truth, "score": float(scored["score"]),
                  "acc": bool(scored["acc"]), "pred": scored["pred"]}
             )  # fmt: skip
     return EvalResult(
-        pass_at_1=float(np.mean(accs)),
+        pass_at_1=float(np.mean([s["acc"] for s in samples])),
         num_problems=len(problems),
         samples_per_problem=n,
         mean_response_tokens=float(np.mean(lengths)),

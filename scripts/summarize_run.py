@@ -34,8 +34,8 @@ def heldout_rise(validation_dir: Path) -> list[dict]:
         dumps = sorted(folder.glob("*.jsonl"), key=lambda p: int(p.stem))
         if len(dumps) < 2:
             continue
-        first, last = problem_accuracy(dumps[0]), problem_accuracy(dumps[-1])
-        first, last = first.align(last, join="inner")
+        by_step = {int(p.stem): problem_accuracy(p) for p in dumps}
+        first, last = by_step[int(dumps[0].stem)].align(by_step[int(dumps[-1].stem)], join="inner")
         test = permutation_test(
             (last.to_numpy(), first.to_numpy()),
             lambda x, y, axis: np.mean(x - y, axis=axis),
@@ -48,7 +48,7 @@ def heldout_rise(validation_dir: Path) -> list[dict]:
         out.append({
             "pass": name, "problems": len(first), "first_step": int(dumps[0].stem), "last_step": int(dumps[-1].stem),
             "first": float(first.mean()), "last": float(last.mean()), "p_value": float(test.pvalue),
-            "by_step": {int(p.stem): float(problem_accuracy(p).mean()) for p in dumps},
+            "by_step": {step: float(acc.mean()) for step, acc in by_step.items()},
         })  # fmt: skip
     return out
 

@@ -28,10 +28,11 @@ DRIFT_PROBE_FILE = "drift_probe.json"  # the probe's token ids, in the run direc
 
 
 class DriftProbe:
-    """The starting policy (a frozen copy, its MTP head included) and the fixed sequences it is compared on."""
+    """The fixed sequences, the starting policy's next-token distributions on them, and its MTP head."""
 
     def __init__(self, start: MiMoForCausalLM, sequences: list[dict], temperature: float):
-        self.start = start.eval().requires_grad_(False)
+        start = start.eval().requires_grad_(False)
+        self.start_head = start.model.mtp_layers  # all of the starting policy that measure() runs again
         self.temperature = temperature
         ids, mask, lengths = [], [], []
         for s in sequences:
@@ -49,11 +50,8 @@ class DriftProbe:
         _, drafted = mtp_targets(self.input_ids, self.response_mask, self.cu_seqlens, depth=0)
         self.draft_positions = drafted.nonzero().squeeze(-1)
         with torch.no_grad():
-            self.start_logp = self._next_token_logp(self.start)[self.next_positions]
-
-    def _next_token_logp(self, model: MiMoForCausalLM) -> torch.Tensor:
-        out = model(self.input_ids, self.cu_seqlens, with_mtp=False)
-        return F.log_softmax(out.logits.float() / self.temperature, dim=-1)
+            logits = start(self.input_ids, self.cu_seqlens, with_mtp=False).logits[self.next_positions]
+            self.start_logp = F.log_softmax(logits.float() / self.temperature, dim=-1)
 
     @torch.no_grad()
     def measure(self, policy: MiMoForCausalLM) -> dict[str, float]:
@@ -67,7 +65,7 @@ class DriftProbe:
             positions = packed_positions(self.cu_seqlens, self.input_ids.shape[0])
             rope = rope_cos_sin(positions, policy.config.head_dim, policy.config.rope_theta)
             start_head = run_mtp_layers(
-                self.start.model.mtp_layers, out.hidden, embeds, policy.lm_head.weight, self.cu_seqlens, positions,
+                self.start_head, out.hidden, embeds, policy.lm_head.weight, self.cu_seqlens, positions,
                 rope, mtp_positions=self.draft_positions,
             )[0]  # fmt: skip
         finally:

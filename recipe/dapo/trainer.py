@@ -273,18 +273,16 @@ class DAPOTrainer:
         max_tokens = self.cfg.data.max_response_length
         vk = self.cfg.actor_rollout_ref.rollout.val_kwargs
         source = self.val_problems[0].data_source
-        # (metric suffix, dump sub-folder, samples per problem, temperature, top_p)
-        passes = [(f"mean@{vk.n}", "", int(vk.n), float(vk.temperature) if vk.do_sample else 0.0, float(vk.top_p))]
+        # (accuracy metric, length metric, dump sub-folder, samples per problem, temperature, top_p)
+        passes = [(f"mean@{vk.n}", "mean", "", int(vk.n), float(vk.temperature) if vk.do_sample else 0.0, vk.top_p)]
         if vk.do_sample:
-            passes.append(("greedy", "greedy", 1, 0.0, 1.0))
+            passes.append(("greedy", "greedy", "greedy", 1, 0.0, 1.0))
         metrics = {}
-        for suffix, subdir, n, temperature, top_p in passes:
-            res = evaluate(self.engine.llm, self.val_problems, n=n, temperature=temperature, top_p=top_p,
+        for acc_name, length_name, subdir, n, temperature, top_p in passes:
+            res = evaluate(self.engine.llm, self.val_problems, n=n, temperature=temperature, top_p=float(top_p),
                            max_tokens=max_tokens)  # fmt: skip
-            metrics[f"val-core/{source}/acc/{suffix}"] = res.pass_at_1
-            metrics[f"val-aux/{source}/response_length/{'mean' if suffix.startswith('mean') else suffix}"] = (
-                res.mean_response_tokens
-            )
+            metrics[f"val-core/{source}/acc/{acc_name}"] = res.pass_at_1
+            metrics[f"val-aux/{source}/response_length/{length_name}"] = res.mean_response_tokens
             self._dump_validation(res.samples, subdir)
         if self.probe_problems:
             ro, n = self.cfg.actor_rollout_ref.rollout, int(self.options.train_probe.n)
