@@ -70,7 +70,9 @@ def test_the_job_runs_the_recipe_config_changing_only_inputs_device_and_spec(inp
         "data.val_files", "trainer.default_local_dir", "reward.custom_reward_function.path",
         "actor_rollout_ref.rollout.router_config_path", "actor_rollout_ref.rollout.gpu_memory_utilization",
         "actor_rollout_ref.rollout.prometheus.served_model_name",  # veRL's own interpolation of model.path
+        "trainer.validation_data_dir",  # the recipe's interpolation of default_local_dir, made absolute with it
     }  # fmt: skip
+    assert job.trainer.validation_data_dir == f"{job.trainer.default_local_dir}/validation"
     assert job.trainer.device == "cuda" and job.actor_rollout_ref.rollout.gpu_memory_utilization == 0.5
     assert Path(job.reward.custom_reward_function.path).is_file() and Path(job.data.train_files).is_absolute()
     assert job.actor_rollout_ref.model.tokenizer_path.endswith("checkpoint/tokenizer")
