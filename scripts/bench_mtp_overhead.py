@@ -1,13 +1,19 @@
 """Training-time overhead of online MTP over a frozen head, side by side in one run -> ``results/mtp/``.
 
-Times the policy update of a DAPO step exactly as the local trainer runs it (``recipe.dapo.policy.Actor``:
-old log-probs, GRPO advantage, DAPO policy loss over ppo mini-batches, AdamW) with ``spec=mtp`` and
-``spec.mtp.train=frozen`` (the head's loss and accuracy are logged from the no-grad old-log-prob forward) or
-``online`` (+ 0.2 x MTP CE on detached inputs in the training forward), alternating on the same batch of
-task traces. Repeated for deeper trunks of the same width: the MTP layer's share of the work is about one
-decoder layer over the trunk's layers, which is why slime sees ~3.5% on deep models (MiMo-7B: 36 layers).
+Times one DAPO policy update with the MTP head frozen and trained online, alternating on the same batch of task
+traces (8 prompts x 8 responses), at several trunk depths of the embedded model's width: the MTP layer's share of
+the work is about one decoder layer over the trunk's layers, which is why slime sees ~3.5% on deep models
+(MiMo-7B: 36 layers). Two backends, each as its trainer runs the update:
 
-    .venv/bin/python scripts/bench_mtp_overhead.py [--layers 4,16,36 --reps 12]
+- ``local``: ``recipe.dapo.policy.Actor.update`` (old log-probs, GRPO advantage, DAPO loss over ppo
+  mini-batches, AdamW); frozen logs the head's loss from the no-grad old-log-prob forward, online adds
+  0.2 x MTP CE on detached inputs to the training forward.
+- ``verl``: veRL's FSDP2 engine as the veRL backend's actor builds it (``mtp.verl_fsdp``; fp32, SDPA, padded
+  layout), the update being one ``engine.train_batch`` with veRL's ``ppo_loss`` per ppo mini-batch, as veRL's
+  ``TrainingWorker.train_mini_batch`` runs them; frozen is veRL's own engine (the trunk only), online
+  ``MTPTrainingFSDPEngine``. One thread, as veRL's CPU workers run.
+
+    .venv/bin/python scripts/bench_mtp_overhead.py --backend local|verl [--layers 4,16,36 --reps 12]
 """
 
 from __future__ import annotations
@@ -15,19 +21,26 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
+import socket
 import sys
+import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-import torch
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
+MODES = ("frozen", "online")
 
 
 def make_batch(ckpt: Path, prompts: int, n: int, width: int):
-    """A veRL batch of ``prompts`` x ``n`` reference traces of the task (real lengths, real tokens)."""
+    """A veRL batch of ``prompts`` x ``n`` reference traces of the task (real lengths, real tokens), with an outcome
+    reward of +-1 on the last response token, as veRL's reward manager writes it."""
+    import torch
+
     from mtp.checkpoint import load_tokenizer
     from recipe.dapo.batch import build_batch
     from recipe.dapo.rollout import Response
@@ -41,29 +54,169 @@ def make_batch(ckpt: Path, prompts: int, n: int, width: int):
         ids = tok(p.solution, add_special_tokens=False)["input_ids"][: width - 1] + [tok.eos_token_id]
         responses.append(Response(i, encode_prompt(tok, p.messages), ids, p.solution, "stop"))
     uids = [str(i // n) for i in range(len(problems))]
-    return build_batch(responses, problems, uids, tok.pad_token_id, 64, width)
+    batch = build_batch(responses, problems, uids, tok.pad_token_id, 64, width)
+    mask = batch.batch["response_mask"]
+    last = (mask.sum(-1) - 1).clamp(min=0)
+    rewards = torch.zeros(mask.shape)
+    rewards[torch.arange(len(batch)), last] = torch.randint(0, 2, (len(batch),)).float() * 2 - 1
+    batch.batch["token_level_rewards"] = rewards
+    return batch
 
 
-def make_actor(model, train: str, overrides: list[str]):
-    """The trainer's Actor for ``model`` with the default DAPO config and ``spec=mtp spec.mtp.train=train``."""
-    from hydra import compose, initialize_config_dir
-
-    from recipe.dapo.policy import Actor
+def compose(overrides: list[str]):
+    """configs/dapo.yaml with ``overrides``, as ``python -m recipe.dapo`` composes it."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
 
     with initialize_config_dir(config_dir=str(REPO_ROOT / "configs"), version_base=None):
-        cfg = compose(config_name="dapo", overrides=["spec=mtp", f"spec.mtp.train={train}", *overrides])
-    return Actor(model, cfg)
+        return hydra_compose(config_name="dapo", overrides=overrides)
+
+
+def local_updates(model, batch, overrides: list[str]) -> dict[str, Callable[[], None]]:
+    """One policy update of the local trainer per mode, on a copy of ``batch``."""
+    from recipe.dapo.policy import Actor
+
+    actors = {
+        mode: Actor(copy.deepcopy(model), compose(["spec=mtp", f"spec.mtp.train={mode}", *overrides])) for mode in MODES
+    }
+    return {mode: (lambda actor=actor: actor.update(copy.deepcopy(batch), {})) for mode, actor in actors.items()}
+
+
+def verl_updates(checkpoint: Path, batch, cfg) -> dict[str, Callable[[], None]]:
+    """One actor update of veRL's FSDP2 engine per mode: ``train_batch`` per ppo mini-batch of ``batch``."""
+    from functools import partial
+
+    import torch
+    from tensordict import TensorDict
+    from verl.trainer.config.config import CheckpointConfig
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.config import ActorConfig, FSDPEngineConfig, FSDPOptimizerConfig, HFModelConfig
+    from verl.workers.config.model import MtpConfig
+    from verl.workers.engine.base import EngineRegistry
+    from verl.workers.utils.losses import ppo_loss
+    from verl.workers.utils.padding import left_right_2_no_padding
+
+    import mtp.verl_fsdp  # noqa: F401  (registers the engine that trains the head online)
+
+    actor_cfg = cfg.actor_rollout_ref.actor
+    n = int(cfg.actor_rollout_ref.rollout.n)
+    mini = int(actor_cfg.ppo_mini_batch_size) * n
+    micro = int(actor_cfg.ppo_micro_batch_size_per_gpu)
+    gen = torch.Generator().manual_seed(0)
+    mask = batch.batch["response_mask"]
+    old_log_probs = -torch.rand(mask.shape, generator=gen) * 3  # as the rollout policy scored them
+    group_reward = batch.batch["token_level_rewards"].sum(-1).view(-1, n)
+    advantages = (group_reward - group_reward.mean(1, keepdim=True)) / (group_reward.std(1, keepdim=True) + 1e-6)
+    keys = ("prompts", "responses", "input_ids", "attention_mask", "position_ids", "response_mask")
+    data = TensorDict(
+        {
+            **{k: batch.batch[k] for k in keys},
+            "old_log_probs": old_log_probs,
+            "advantages": advantages.reshape(-1, 1).expand_as(mask).contiguous() * mask,
+        },
+        batch_size=[len(batch)],
+    )
+    minibatches = []
+    for start in range(0, len(batch), mini):
+        part = left_right_2_no_padding(data[start : start + mini].clone())
+        tu.assign_non_tensor(
+            part, temperature=1.0, use_remove_padding=False, use_dynamic_bsz=False, micro_batch_size_per_gpu=micro,
+            global_batch_size=mini, calculate_entropy=False, pad_token_id=0,
+        )  # fmt: skip
+        minibatches.append(part)
+    loss = partial(
+        ppo_loss,
+        ActorConfig(
+            strategy="fsdp2", rollout_n=n, ppo_mini_batch_size=int(actor_cfg.ppo_mini_batch_size),
+            ppo_micro_batch_size_per_gpu=micro, use_dynamic_bsz=False, clip_ratio_low=actor_cfg.clip_ratio_low,
+            clip_ratio_high=actor_cfg.clip_ratio_high, loss_agg_mode=actor_cfg.loss_agg_mode,
+        ),
+    )  # fmt: skip
+    updates = {}
+    for mode in MODES:
+        model = HFModelConfig(
+            path=str(checkpoint),
+            tokenizer_path=f"{checkpoint}/tokenizer",
+            use_remove_padding=False,
+            enable_gradient_checkpointing=False,
+            override_config={"attn_implementation": "sdpa"},
+            mtp=MtpConfig(
+                enable=True, enable_rollout=True, enable_train=mode == "online",
+                mtp_loss_scaling_factor=float(cfg.spec.mtp.loss_scaling_factor),
+            ),
+        )  # fmt: skip
+        engine = EngineRegistry.new(
+            model_type="language_model",
+            backend="fsdp2",
+            model_config=model,
+            engine_config=FSDPEngineConfig(strategy="fsdp2", use_torch_compile=False, model_dtype="fp32"),
+            optimizer_config=FSDPOptimizerConfig(
+                lr=float(actor_cfg.optim.lr), clip_grad=float(actor_cfg.grad_clip), total_training_steps=1000
+            ),
+            checkpoint_config=CheckpointConfig(),
+        )
+        engine.initialize()
+
+        def update(engine=engine) -> None:
+            with engine.train_mode():
+                for part in minibatches:
+                    engine.train_batch(part, loss_function=loss)
+
+        updates[mode] = update
+    return updates
+
+
+def deeper_checkpoint(base_ckpt: Path, depth: int, out: Path) -> Path:
+    """The base checkpoint with ``depth`` trunk layers (its own weights at its own depth, else random), saved fp32."""
+    import torch
+
+    from mtp.checkpoint import load_checkpoint, load_tokenizer, save_checkpoint
+    from mtp.model import MiMoForCausalLM
+
+    base = load_checkpoint(base_ckpt)
+    if depth == base.config.num_hidden_layers:
+        model = base
+    else:
+        model = MiMoForCausalLM(base.config.__class__(**{**base.config.__dict__, "num_hidden_layers": depth}))
+        model.init_weights(0)
+    return save_checkpoint(model, load_tokenizer(base_ckpt), out / f"layers{depth}", dtype=torch.float32)
+
+
+def time_modes(updates: dict[str, Callable[[], None]], reps: int) -> dict[str, list[float]]:
+    """``reps`` timed updates per mode after one warm-up each, both modes back to back in alternating order."""
+    for update in updates.values():
+        update()
+    times: dict[str, list[float]] = {mode: [] for mode in MODES}
+    for rep in range(reps):
+        for mode in MODES if rep % 2 == 0 else MODES[::-1]:
+            t = time.perf_counter()
+            updates[mode]()
+            times[mode].append(time.perf_counter() - t)
+    return times
+
+
+def summary(depth: int, parameters: int, times: dict[str, list[float]]) -> dict:
+    """Medians per mode; the overhead is the median of the per-rep ratios: each rep runs both modes back to back,
+    so the ratio within a rep cancels the machine's slow drift, which moves a 5 s update by more than the MTP
+    layer costs."""
+    online, frozen = np.array(times["online"]), np.array(times["frozen"])
+    paired = 100 * (online / frozen - 1)
+    return {
+        "trunk_layers": depth,
+        "parameters": parameters,
+        "frozen_update_s": float(np.median(frozen)),
+        "online_update_s": float(np.median(online)),
+        "overhead_pct": float(np.median(paired)),
+        "overhead_pct_q25": float(np.percentile(paired, 25)),
+        "overhead_pct_q75": float(np.percentile(paired, 75)),
+        "online_minus_frozen_s": float(np.median(online - frozen)),
+    }
 
 
 def main() -> None:
-    from omegaconf import OmegaConf
-
-    from mtp.checkpoint import load_checkpoint
-    from mtp.model import MiMoForCausalLM
-    from recipe.sft.train import ensure_base_model
-
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--layers", default="4,16,32", help="trunk depths (4 = the embedded default)")
+    parser.add_argument("--backend", choices=("local", "verl"), default="local", help="whose update is timed")
+    parser.add_argument("--layers", default="4,16,36", help="trunk depths (4 = the embedded default)")
     parser.add_argument("--reps", type=int, default=12, help="timed updates per mode and depth")
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--n", type=int, default=8)
@@ -74,66 +227,51 @@ def main() -> None:
     parser.add_argument("--out", default=str(REPO_ROOT / "results" / "mtp"))
     args = parser.parse_args()
 
+    import torch
+    from omegaconf import OmegaConf
+
+    from mtp.checkpoint import load_checkpoint
+    from recipe.sft.train import ensure_base_model
+
+    if args.backend == "verl":
+        from recipe.verl_cpu import PLATFORM_ENV, PLATFORM_NAME
+
+        os.environ[PLATFORM_ENV] = PLATFORM_NAME
+        torch.set_num_threads(1)  # as veRL's CPU workers run; more crash the CPU backward in a bare process
+        import torch.distributed as dist
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+
     torch.manual_seed(0)
     ckpt = ensure_base_model(OmegaConf.load(REPO_ROOT / "configs" / "sft.yaml"))
-    base = load_checkpoint(ckpt)
     batch = make_batch(ckpt, args.prompts, args.n, 768)
-    # an outcome reward of +-1 on the last response token, as veRL's reward manager writes it
-    mask = batch.batch["response_mask"]
-    last = (mask.sum(-1) - 1).clamp(min=0)
-    rewards = torch.zeros(mask.shape)
-    rewards[torch.arange(len(batch)), last] = torch.randint(0, 2, (len(batch),)).float() * 2 - 1
-    batch.batch["token_level_rewards"] = rewards
     overrides = [f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={args.micro}"]
     overrides += [f"actor_rollout_ref.actor.ppo_mini_batch_size={args.mini}", f"data.train_batch_size={args.prompts}"]
     overrides += [f"actor_rollout_ref.rollout.n={args.n}"]
     rows = []
-    for depth in [int(x) for x in args.layers.split(",")]:
-        cfg = base.config.__class__(**{**base.config.__dict__, "num_hidden_layers": depth})
-        model = MiMoForCausalLM(cfg)
-        model.init_weights(0)
-        if depth == base.config.num_hidden_layers:
-            model.load_state_dict(base.state_dict())
-        actors = {mode: make_actor(copy.deepcopy(model), mode, overrides) for mode in ("frozen", "online")}
-        times: dict[str, list[float]] = {"frozen": [], "online": []}
-        for actor in actors.values():
-            actor.update(copy.deepcopy(batch), {})  # warm-up
-        for rep in range(args.reps):
-            for mode in ("frozen", "online") if rep % 2 == 0 else ("online", "frozen"):
-                step_batch = copy.deepcopy(batch)
-                t = time.perf_counter()
-                actors[mode].update(step_batch, {})
-                times[mode].append(time.perf_counter() - t)
-        frozen, online = float(np.median(times["frozen"])), float(np.median(times["online"]))
-        # each rep runs both modes back to back: the ratio within a rep cancels the machine's slow drift,
-        # which moves a 5 s update by more than the MTP layer costs
-        paired = 100 * (np.array(times["online"]) / np.array(times["frozen"]) - 1)
-        row = {
-            "trunk_layers": depth,
-            "mtp_layers": cfg.num_nextn_predict_layers,
-            "parameters": model.num_parameters(),
-            "frozen_update_s": frozen,
-            "online_update_s": online,
-            "overhead_pct": float(np.median(paired)),
-            "overhead_pct_q25": float(np.percentile(paired, 25)),
-            "overhead_pct_q75": float(np.percentile(paired, 75)),
-            "online_minus_frozen_s": float(np.median(np.array(times["online"]) - np.array(times["frozen"]))),
-        }
-        rows.append(row)
-        print(json.dumps(row))
+    with tempfile.TemporaryDirectory(prefix="mtp-overhead-") as tmp:
+        for depth in [int(x) for x in args.layers.split(",")]:
+            depth_ckpt = deeper_checkpoint(ckpt, depth, Path(tmp))
+            parameters = load_checkpoint(depth_ckpt).num_parameters()
+            if args.backend == "local":
+                updates = local_updates(load_checkpoint(depth_ckpt), batch, overrides)
+            else:
+                updates = verl_updates(depth_ckpt, batch, compose(["spec=mtp", *overrides]))
+            row = summary(depth, parameters, time_modes(updates, args.reps))
+            rows.append(row)
+            print(json.dumps(row), flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "overhead.json").write_text(json.dumps(rows, indent=2))
+    (out / f"overhead_{args.backend}.json").write_text(json.dumps(rows, indent=2))
     tokens = int(batch.batch["attention_mask"].sum())
     lines = [
-        "# Online MTP training overhead over a frozen head",
-        "",
-        f"Produced by `.venv/bin/python scripts/bench_mtp_overhead.py --layers {args.layers} --reps {args.reps} "
-        f"--mini {args.mini}`: the trainer's policy update (`recipe.dapo.policy.Actor.update`: old log-probs, "
-        f"GRPO advantage, DAPO loss, AdamW) over {len(batch)} responses ({tokens} tokens, micro-batch "
-        f"{args.micro}, mini-batch {args.mini} groups) on the same batch, {args.reps} reps of both modes back to back "
-        "(order alternating); times are medians, the overhead is the median of the per-rep ratios (interquartile "
-        "range in brackets); hidden size and MTP layer as the embedded default.",
+        f"Produced by `.venv/bin/python scripts/bench_mtp_overhead.py --backend {args.backend} --layers {args.layers} "
+        f"--reps {args.reps} --mini {args.mini}`: {len(batch)} responses ({tokens} tokens, micro-batch {args.micro}, "
+        f"mini-batch {args.mini} groups), {args.reps} reps of both modes back to back (order alternating); times are "
+        "medians, the overhead is the median of the per-rep ratios (interquartile range in brackets).",
         "",
         "| trunk layers | parameters | frozen s/update | online s/update | online - frozen (s) | overhead |",
         "|---|---|---|---|---|---|",
@@ -144,7 +282,7 @@ def main() -> None:
             f"{r['online_update_s']:.3f} | {r['online_minus_frozen_s']:+.3f} | {r['overhead_pct']:+.1f}% "
             f"[{r['overhead_pct_q25']:+.1f}, {r['overhead_pct_q75']:+.1f}] |"
         )
-    (out / "README.md").write_text("\n".join(lines) + "\n")
+    (out / f"overhead_{args.backend}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -88,6 +89,7 @@ def test_unknown_key_is_named():
         ("algorithm.filter_groups.metric=seq_reward", "algorithm.filter_groups.metric"),  # not a veRL V1 metric
         ("recipe.drift_probe.prompts=-1", "recipe.drift_probe.prompts"),
         ("actor_rollout_ref.rollout.val_kwargs.n=0", "actor_rollout_ref.rollout.val_kwargs.n"),
+        ("trainer.logger=[console]", "trainer.logger"),  # metrics.jsonl is built from the file backend
     ],
 )
 def test_bad_values_fail_before_work_naming_the_key(override, key):
@@ -156,6 +158,11 @@ def test_two_step_job_then_kill_and_resume_matches_uninterrupted(harness_model, 
     assert len(sampled) == 8 * 4 and len(greedy) == 8  # veRL's dump: val_max_samples x val_kwargs.n, greedy once
     assert sum(r["acc"] for r in sampled) / len(sampled) == pytest.approx(rows[-1]["val-core/tiny_sum/acc/mean@4"])
     assert list((full / "timelines").glob("step_00001_round_*.json"))
+    console = (full / "job.log").read_text()  # a line per step and a summary; vLLM's INFO lines stay out
+    assert "step 3/3  reward" in console and f"run finished: 3 training steps in {full}" in console, console[-3000:]
+    assert f"last checkpoint: {full / 'global_step_3'}" in console
+    vllm_info = re.findall(r".*INFO \d\d-\d\d \d\d:\d\d:\d\d \[.*", console)
+    assert not vllm_info, vllm_info[:5]
 
     killed = tmp_path / "killed"
     proc = subprocess.Popen(run_args(harness_model, killed, 3), cwd=REPO, stdout=subprocess.DEVNULL,

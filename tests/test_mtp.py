@@ -474,3 +474,40 @@ def test_fused_qkv_reads_back_as_the_hf_projections_under_megatrons_grouped_spli
     q, k, v = mixed.view(5, groups, (per + 2) * hd).split([per * hd, hd, hd], dim=-1)
     for got, expected in zip((q, k, v), want, strict=True):
         assert torch.allclose(got.reshape(5, -1), expected, atol=1e-5)
+
+
+def test_convert_cli_round_trips_a_checkpoint_through_megatron_and_names_a_config_of_another_shape(
+    harness_model, tmp_path
+):
+    """``python -m mtp.convert``, as a user runs it: HF -> Megatron file -> HF gives back every tensor and a
+    checkpoint that loads; a config of another depth is refused with the tensors it cannot place."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    from mtp.checkpoint import load_checkpoint
+
+    def convert(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "mtp.convert", *args], capture_output=True, text=True)
+
+    megatron = tmp_path / "iter_0000001" / "mp_rank_00" / "model_optim_rng.pt"
+    assert convert("to-megatron", str(harness_model), str(megatron)).returncode == 0
+    state = torch.load(megatron)["model"]
+    assert "mtp.layers.0.eh_proj.weight" in state and not any(k.startswith("model.") for k in state)
+    back = tmp_path / "hf"
+    done = convert("to-mimo", str(megatron), str(harness_model), str(back))
+    assert done.returncode == 0, done.stderr
+    original, converted = load_checkpoint(harness_model).state_dict(), load_checkpoint(back).state_dict()
+    assert set(converted) == set(original)
+    for name, tensor in original.items():
+        assert torch.equal(converted[name], tensor), name
+
+    shallower = tmp_path / "shallower"
+    shutil.copytree(harness_model, shallower)
+    cfg = json.loads((shallower / "config.json").read_text())
+    cfg["num_hidden_layers"] -= 1
+    (shallower / "config.json").write_text(json.dumps(cfg))
+    refused = convert("to-mimo", str(megatron), str(shallower), str(tmp_path / "refused"))
+    assert refused.returncode == 2 and "num_hidden_layers" in refused.stderr, refused.stderr
+    assert not (tmp_path / "refused").exists()

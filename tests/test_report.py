@@ -46,3 +46,22 @@ def test_a_fall_is_not_reported_as_a_rise(tmp_path):
     write_dump(tmp_path, 0, before)
     write_dump(tmp_path, 100, rng.random((200, 4)) < 0.3)
     assert summarize_run.heldout_rise(tmp_path)[0]["p_value"] > 0.5  # one-sided: a fall is evidence against
+
+
+def test_run_summary_states_first_and_last_of_reward_and_held_out_accuracy_and_where_the_files_are(tmp_path):
+    from recipe.dapo.report import LATEST_FILE, run_summary, step_line
+
+    history = [{"step": 0, "val-core/tiny_sum/acc/mean@4": 0.25, "val-core/tiny_sum/acc/greedy": 0.40}]
+    for step in range(1, 9):
+        history.append({"step": step, "train/gen_score_mean": 0.1 * step, "rollout/throughput_tok_s": 1000.0 * step})
+    history[-1].update({"val-core/tiny_sum/acc/mean@4": 0.30, "val-core/tiny_sum/acc/greedy": 0.50})
+    (tmp_path / LATEST_FILE).write_text("8\n")
+    summary = run_summary(history, tmp_path)
+    assert f"8 training steps in {tmp_path}" in summary
+    assert "first -> last quarter: 0.150 -> 0.750" in summary  # means of steps 1-2 and 7-8
+    assert "val-core/tiny_sum/acc/mean@4: 0.250 (step 0) -> 0.300 (step 8)" in summary
+    assert "val-core/tiny_sum/acc/greedy: 0.400 (step 0) -> 0.500 (step 8)" in summary
+    assert "rollout tokens/s 4500" in summary
+    assert str(tmp_path / "global_step_8") in summary
+    line = step_line(8, 8, history[-1])
+    assert line.startswith("step 8/8  reward 0.800") and "tiny_sum/acc/greedy 0.500" in line

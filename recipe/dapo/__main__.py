@@ -8,12 +8,15 @@ backend on it: the local loop or veRL's own trainer.
 from __future__ import annotations
 
 import logging
+import os
+import warnings
 from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from recipe.dapo.config import resolve_device, validate, verl_config
+from recipe.dapo.report import run_summary
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 
@@ -53,8 +56,18 @@ def run(cfg: DictConfig) -> list[dict] | DictConfig:
 
 @hydra.main(config_path=str(CONFIG_DIR), config_name="dapo", version_base=None)
 def main(cfg: DictConfig) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    run(cfg)
+    # the console carries progress, one line per step, warnings and the run's summary; every metric is in the
+    # run's files. vLLM (here, in its engine processes and, on backend=verl, in its servers) logs at WARNING
+    # unless VLLM_LOGGING_LEVEL says otherwise; the recipe's own messages at INFO.
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for package in ("recipe", "sam", "mtp"):
+        logging.getLogger(package).setLevel(logging.INFO)
+    # veRL lists every optional training engine it could not import (torchtitan, megatron, ...) at each start
+    warnings.filterwarnings("ignore", message=r".* engine is not available", category=UserWarning)
+    history = run(cfg)
+    if isinstance(history, list):
+        print(run_summary(history, Path(cfg.trainer.default_local_dir).resolve()), flush=True)
 
 
 if __name__ == "__main__":

@@ -170,6 +170,7 @@ def validate(cfg: DictConfig) -> None:
     loggers = {"console", "file", "wandb", "tensorboard", "mlflow", "swanlab"}
     bad = [x for x in tr.logger if x not in loggers]
     _require(not bad, "trainer.logger", f"unknown backend(s) {bad}; known: {sorted(loggers)}")
+    _require("file" in tr.logger, "trainer.logger", "must include file: the run's metrics.jsonl is built from it")
 
 
 def spec_group(method: str, **overrides: object) -> DictConfig:

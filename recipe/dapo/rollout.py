@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -30,8 +30,7 @@ class Response:
 @dataclass
 class RolloutResult:
     responses: list[Response]
-    timeline: RolloutTimeline
-    spec: Any = field(default=None)  # SpecCounters delta over the rollout
+    timeline: RolloutTimeline  # per engine step, with vLLM's acceptance counters
 
 
 def to_vllm_names(state: dict[str, torch.Tensor], num_hidden_layers: int) -> dict[str, torch.Tensor]:
@@ -181,7 +180,7 @@ class RolloutEngine:
         for rid, p_i in owner.items():
             comp = finished[rid].outputs[0]
             responses.append(Response(p_i, list(prompts[p_i]), list(comp.token_ids), comp.text, comp.finish_reason))
-        return RolloutResult(responses, timeline, spec_counters(self.llm) - spec_before)
+        return RolloutResult(responses, timeline)
 
     def sync_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         sync_weights(self.llm, state_dict)

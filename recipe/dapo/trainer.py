@@ -28,7 +28,7 @@ from recipe.dapo.batch import RewardFunction, build_batch, kept_groups, select_g
 from recipe.dapo.data import PromptStream, load_prompts
 from recipe.dapo.drift import DriftProbe, load_or_sample_probe
 from recipe.dapo.policy import Actor
-from recipe.dapo.report import LATEST_FILE, PROBE_PREFIX, latest_step, plot_run
+from recipe.dapo.report import LATEST_FILE, PROBE_PREFIX, latest_step, plot_run, step_line
 from recipe.dapo.rollout import RolloutEngine
 from recipe.dapo.timeline import step_rollout_metrics, timed
 from recipe.engine import EngineOptions, spec_from_config
@@ -352,9 +352,11 @@ class DAPOTrainer:
             with history_path.open("a") as fh:
                 fh.write(json.dumps({"step": step, **metrics}) + "\n")
 
+        from tqdm import tqdm
+
         if tr.val_before_train and not resumed:
             record(0, {k: float(v) for k, v in {**self.validate(), **self.drift_metrics()}.items()})
-        from tqdm import tqdm
+            tqdm.write(step_line(0, total, history[-1]))
 
         bar = tqdm(
             range(self.global_step + 1, total + 1),
@@ -396,7 +398,7 @@ class DAPOTrainer:
             metrics["training/epoch"] = self.stream.cursor.epoch
             metrics = {k: float(v) for k, v in metrics.items() if np.isscalar(v)}
             record(step, metrics)
-            bar.set_postfix(score=f"{metrics.get('critic/score/mean', float('nan')):.3f}")
+            tqdm.write(step_line(step, total, metrics))
             if (tr.save_freq > 0 and step % tr.save_freq == 0) or step == total:
                 self.save()
         plot_run(history, self.out_dir / "curves.png", title=f"{tr.project_name} / {tr.experiment_name}")
