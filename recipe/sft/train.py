@@ -97,10 +97,31 @@ def sft_loss(
     return loss, stats
 
 
+REPO_ROOT = Path(__file__).resolve().parents[2]
+BUILD_SOURCES = (  # the code that generates the task and tokenizer and trains the base model
+    "recipe/data/task.py",
+    "recipe/data/tokenizer.py",
+    "recipe/data/loader.py",
+    "recipe/sft/train.py",
+    "mtp/model.py",
+    "mtp/loss.py",
+    "mtp/checkpoint.py",
+)
+
+
+def code_fingerprint(root: Path = REPO_ROOT, sources: tuple[str, ...] = BUILD_SOURCES) -> str:
+    """Hash of the source files that build the base model: changing that code rebuilds the cached checkpoint."""
+    digest = hashlib.sha256()
+    for name in sources:
+        digest.update(name.encode() + b"\0" + (root / name).read_bytes())
+    return digest.hexdigest()
+
+
 def config_hash(cfg: DictConfig) -> str:
-    """Hash of everything that determines the checkpoint (not output paths)."""
+    """Hash of everything that determines the checkpoint: the config (not output paths) and the code."""
     full = OmegaConf.to_container(cfg, resolve=True)
     keep = {k: full[k] for k in ("seed", "data", "tokenizer", "model", "train")}
+    keep["code"] = code_fingerprint()
     return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:12]
 
 
