@@ -145,11 +145,11 @@ def load_megatron_state(path: str | Path) -> dict[str, torch.Tensor]:
     file's dict itself, without Transformer Engine's ``_extra_state`` entries (no weights)."""
     saved = torch.load(path, map_location="cpu", weights_only=False)
     state = saved.get("model", saved) if isinstance(saved, dict) else None
-    if not isinstance(state, dict) or not all(
-        isinstance(v, torch.Tensor) for k, v in state.items() if "_extra" not in k
-    ):
+    if isinstance(state, dict):
+        state = {k: v for k, v in state.items() if not k.endswith("._extra_state")}
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise ValueError(f"{path}: not a Megatron state dict (a dict of tensors, or one under 'model')")
-    return {k: v for k, v in state.items() if not k.endswith("._extra_state")}
+    return state
 
 
 def hf_to_megatron_file(checkpoint: str | Path, out: str | Path) -> Path:

@@ -49,6 +49,19 @@ class UnsupportedVersionError(RuntimeError):
     """The installed veRL or vLLM is not one the CPU platform was checked against."""
 
 
+def init_single_process_group() -> None:
+    """A one-rank gloo process group on a free local port: what veRL's FSDP engine needs to run in a bare process
+    (benchmarks and tests that drive the engine without Ray)."""
+    import socket
+
+    import torch.distributed as dist
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+
+
 def cpu_platform_requested() -> bool:
     return os.environ.get(PLATFORM_ENV, "").strip().lower() == PLATFORM_NAME
 

@@ -22,7 +22,6 @@ import argparse
 import copy
 import json
 import os
-import socket
 import sys
 import tempfile
 import time
@@ -89,6 +88,7 @@ def verl_updates(checkpoint: Path, batch, cfg) -> dict[str, Callable[[], None]]:
     import torch
     from tensordict import TensorDict
     from verl.trainer.config.config import CheckpointConfig
+    from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
     from verl.utils import tensordict_utils as tu
     from verl.workers.config import ActorConfig, FSDPEngineConfig, FSDPOptimizerConfig, HFModelConfig
     from verl.workers.config.model import MtpConfig
@@ -105,14 +105,15 @@ def verl_updates(checkpoint: Path, batch, cfg) -> dict[str, Callable[[], None]]:
     gen = torch.Generator().manual_seed(0)
     mask = batch.batch["response_mask"]
     old_log_probs = -torch.rand(mask.shape, generator=gen) * 3  # as the rollout policy scored them
-    group_reward = batch.batch["token_level_rewards"].sum(-1).view(-1, n)
-    advantages = (group_reward - group_reward.mean(1, keepdim=True)) / (group_reward.std(1, keepdim=True) + 1e-6)
+    advantages, _ = compute_grpo_outcome_advantage(
+        batch.batch["token_level_rewards"], mask, batch.non_tensor_batch["uid"]
+    )  # as the local trainer's Actor.update computes it
     keys = ("prompts", "responses", "input_ids", "attention_mask", "position_ids", "response_mask")
     data = TensorDict(
         {
             **{k: batch.batch[k] for k in keys},
             "old_log_probs": old_log_probs,
-            "advantages": advantages.reshape(-1, 1).expand_as(mask).contiguous() * mask,
+            "advantages": advantages,
         },
         batch_size=[len(batch)],
     )
@@ -234,16 +235,11 @@ def main() -> None:
     from recipe.sft.train import ensure_base_model
 
     if args.backend == "verl":
-        from recipe.verl_cpu import PLATFORM_ENV, PLATFORM_NAME
+        from recipe.verl_cpu import PLATFORM_ENV, PLATFORM_NAME, init_single_process_group
 
         os.environ[PLATFORM_ENV] = PLATFORM_NAME
         torch.set_num_threads(1)  # as veRL's CPU workers run; more crash the CPU backward in a bare process
-        import torch.distributed as dist
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+        init_single_process_group()
 
     torch.manual_seed(0)
     ckpt = ensure_base_model(OmegaConf.load(REPO_ROOT / "configs" / "sft.yaml"))
@@ -255,12 +251,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="mtp-overhead-") as tmp:
         for depth in [int(x) for x in args.layers.split(",")]:
             depth_ckpt = deeper_checkpoint(ckpt, depth, Path(tmp))
-            parameters = load_checkpoint(depth_ckpt).num_parameters()
+            model = load_checkpoint(depth_ckpt)
             if args.backend == "local":
-                updates = local_updates(load_checkpoint(depth_ckpt), batch, overrides)
+                updates = local_updates(model, batch, overrides)
             else:
                 updates = verl_updates(depth_ckpt, batch, compose(["spec=mtp", *overrides]))
-            row = summary(depth, parameters, time_modes(updates, args.reps))
+            row = summary(depth, model.num_parameters(), time_modes(updates, args.reps))
             rows.append(row)
             print(json.dumps(row), flush=True)
     out = Path(args.out)

@@ -6,7 +6,6 @@ engine's separate clipping prevents), for the test that this would show."""
 from __future__ import annotations
 
 import os
-import socket
 import sys
 
 from recipe.verl_cpu import PLATFORM_ENV, PLATFORM_NAME
@@ -52,10 +51,9 @@ def main(checkpoint: str, out: str, train: str, clipping: str = "separate") -> N
     import torch
     import torch.distributed as dist
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    from recipe.verl_cpu import init_single_process_group
+
+    init_single_process_group()
 
     from functools import partial
 

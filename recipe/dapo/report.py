@@ -24,6 +24,11 @@ PANELS = [
 ]
 
 
+def held_out_keys(history: list[dict]) -> list[str]:
+    """The run's held-out accuracy metrics (veRL's ``val-core/<data_source>/acc/...``)."""
+    return sorted({k for h in history for k in h if k.startswith("val-core/") and "/acc/" in k})
+
+
 def plot_run(history: list[dict], path: str | Path, title: str = "") -> Path:
     """Four panels over training steps: reward (with a running mean), length, rollout speed, acceptance."""
     import matplotlib
@@ -45,7 +50,7 @@ def plot_run(history: list[dict], path: str | Path, title: str = "") -> Path:
             smooth = np.convolve(values, np.ones(window) / window, mode="valid")
             ax.plot(steps[window - 1 :], smooth, lw=2, label=f"running mean ({window})")
         if key == "train/gen_score_mean":
-            held_out = sorted({k for h in history for k in h if k.startswith("val-core/") and "/acc/" in k})
+            held_out = held_out_keys(history)
             probe = sorted({k for h in history for k in h if k.startswith(PROBE_ACC)})
             for extra, style in [*((k, "s--") for k in held_out), *((k, "D-") for k in probe)]:
                 v = [(h["step"], 2 * h[extra] - 1) for h in history if extra in h]
@@ -70,11 +75,6 @@ STEP_LINE = [  # (metric, label, format): the console's line per step; every met
     ("drift/kl_from_start", "KL", "{:.3f}"),
     ("timing_s/step", "s/step", "{:.1f}"),
 ]
-
-
-def held_out_keys(history: list[dict]) -> list[str]:
-    """The run's held-out accuracy metrics (veRL's ``val-core/<data_source>/acc/...``)."""
-    return sorted({k for h in history for k in h if k.startswith("val-core/") and "/acc/" in k})
 
 
 def step_line(step: int, total: int, metrics: dict[str, float]) -> str:
