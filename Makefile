@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint format base clean
+.PHONY: install demo test test-unit lint format base clean
 
 install: $(STAMP)
 
@@ -30,8 +30,13 @@ base: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python -m recipe.dapo
 
+# tests/unit: pure functions and small torch models, no engine (about a minute); tests/integration: real vLLM
+# engines and servers, Ray, veRL's trainer, subprocess jobs.
 test: $(STAMP)
 	$(BIN)/python -m pytest tests
+
+test-unit: $(STAMP)
+	$(BIN)/python -m pytest tests/unit
 
 lint: $(STAMP)
 	$(BIN)/ruff check recipe sam mtp scripts tests

@@ -3,7 +3,7 @@
 The one non-mechanical difference: MiMo's MTP layer projects ``cat([hidden, embedding])``
 (``model.mtp_layers.{k}.input_proj``), Megatron and DeepSeek project ``cat([embedding, hidden])``
 (``mtp.layers.{k}.eh_proj``), so the two column halves of that weight swap in both directions. Getting it
-wrong loads without any error and silently ruins the draft head (tests/test_mtp.py measures how much).
+wrong loads without any error and silently ruins the draft head (tests/unit/test_mtp.py measures how much).
 
 The rest is Megatron's naming: fused ``linear_qkv`` (query heads of each KV group followed by that group's
 key and value), ``linear_fc1`` = ``[gate; up]``, pre-norm weights stored on the following linear layer, and

@@ -13,7 +13,7 @@ past a sequence's real end read the zero padding, so the result equals the unspl
 :func:`mtp.loss.roll_packed` (which zero-fills there) on every real position. Megatron's packed-sequence CP
 roll gets this wrong when ``cu_seqlens`` are not padded (Megatron PR #4494); the tests cover odd lengths.
 
-Who calls it: only tests/test_mtp.py. Neither of the recipe's actors runs context parallelism (the local torch
+Who calls it: only tests/unit/test_mtp.py. Neither of the recipe's actors runs context parallelism (the local torch
 actor; veRL's FSDP actor here); this module is the reference that an MTP roll under Megatron CP is checked
 against, and the code to port into a CP actor when one trains the head online.
 """

@@ -13,7 +13,7 @@ How it reaches each process:
 
 The patches, each applied only with ``VERL_PLATFORM=cpu`` on the versions in :data:`SUPPORTED`, logged once
 per process, and each switched off by naming it in ``SPEC_ROLLOUT_VERL_CPU_PATCHES_OFF`` (comma-separated),
-which is how ``tests/test_verl_cpu.py`` shows each is still needed:
+which is how ``tests/integration/test_verl_cpu.py`` shows each is still needed:
 - ``process_group``: veRL builds the backend string ``"cpu:gloo,<device>:<backend>"``, which is invalid when
   the device is the CPU; the trainer's process group is plain gloo here.
 - ``vllm_version``: veRL looks vLLM's version up under the distribution name ``vllm``; the CPU wheel's
@@ -86,7 +86,7 @@ def check_versions() -> None:
         raise UnsupportedVersionError(
             f"veRL's CPU platform (recipe/verl_cpu.py) was checked with {want}; this environment has {have}. "
             "Install the pinned CPU stack (make install), or check each patch of recipe/verl_cpu.py against the new "
-            "versions (tests/test_verl_cpu.py) and add them to SUPPORTED."
+            "versions (tests/integration/test_verl_cpu.py) and add them to SUPPORTED."
         )
 
 

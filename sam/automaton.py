@@ -53,7 +53,7 @@ P_LINK, P_HEAD, P_TOK = range(3)  # prefix-state columns; P_TOK of row i is text
 C_LEN, C_LINK, C_END, C_TOK, C_TO, C_HEAD = range(6)  # clone columns
 S_OCC, S_LAST = range(2)  # occurrence-count columns: occurrences of a state's strings, end of the last one
 GROWTH = 1.5  # arrays grow by this factor (the hash doubles)
-BYTES_PER_TOKEN = 64  # the memory budget the layout keeps on text (tests/test_sam_automaton.py), for sizing bounds
+BYTES_PER_TOKEN = 64  # the memory budget the layout keeps on text (tests/unit/test_sam_automaton.py), for sizing bounds
 MAX_LOAD = 0.75  # hash slots in use before it doubles
 
 

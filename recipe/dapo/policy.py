@@ -165,6 +165,20 @@ class Actor:
             rollout_n=cfg.actor_rollout_ref.rollout.n,
         )
 
+    def policy_loss(
+        self, old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor
+    ) -> tuple[torch.Tensor, dict]:
+        """veRL's vanilla PPO loss with the run's clip-higher range, dual clip and token-mean aggregation (the
+        batch's token count set in ``actor_cfg.global_batch_info`` by :meth:`update`)."""
+        return self.policy_loss_fn(
+            old_log_prob=old_log_prob,
+            log_prob=log_prob,
+            advantages=advantages,
+            response_mask=mask,
+            loss_agg_mode=self.actor_cfg.loss_agg_mode,
+            config=self.actor_cfg,
+        )
+
     def update(self, batch, timing: dict[str, float]) -> dict[str, float]:
         """GRPO advantage + DAPO policy loss (+ online MTP loss), one pass of mini-batches per ppo epoch."""
         from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
@@ -210,13 +224,8 @@ class Actor:
                         mb = mini[u0 : u0 + micro]
                         out = forward_rows(self.policy, mb, temperature, with_mtp=self.mtp_online)
                         mask = mb.batch["response_mask"]
-                        pg_loss, pg_metrics = self.policy_loss_fn(
-                            old_log_prob=mb.batch["old_log_probs"],
-                            log_prob=out.log_probs,
-                            advantages=mb.batch["advantages"],
-                            response_mask=mask,
-                            loss_agg_mode=actor.loss_agg_mode,
-                            config=self.actor_cfg,
+                        pg_loss, pg_metrics = self.policy_loss(
+                            mb.batch["old_log_probs"], out.log_probs, mb.batch["advantages"], mask
                         )
                         loss = pg_loss
                         share = float(mask.sum()) / max(1, tokens)

@@ -1,17 +1,55 @@
 """The run directory (``trainer.default_local_dir``), laid out as veRL lays it out on both backends: checkpoints
-``global_step_N/`` with veRL's resume pointer, and the plots of a run's metrics written at the end of training."""
+``global_step_N/`` with veRL's resume pointer, veRL's file-logger output of each launch, the run's metric history
+merged from those, and the console lines and plots of a run's metrics."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 LATEST_FILE = "latest_checkpointed_iteration.txt"  # veRL's resume pointer: the step of the last checkpoint
+TRACKING_PREFIX = "tracking_from_step_"  # veRL's file logger, one file per launch, named by the step it resumed at
+METRICS_FILE = "metrics.jsonl"  # the run's history: one row per step, merged from the launches' tracking files
 
 
 def latest_step(run_dir: Path) -> int:
     """The step of the run's last checkpoint (0: none)."""
     latest = run_dir / LATEST_FILE
     return int(latest.read_text().strip()) if latest.is_file() else 0
+
+
+def tracking_path(run_dir: Path, start_step: int) -> Path:
+    """Where veRL's file logger (``VERL_FILE_LOGGER_PATH``) writes for a launch that resumed at ``start_step``."""
+    return run_dir / f"{TRACKING_PREFIX}{start_step}.jsonl"
+
+
+def merge_tracking(run_dir: Path) -> list[dict]:
+    """The run's rows (``{"step": s, **metrics}``, one per step) from its launches' tracking files: a launch resumed
+    at step S replaces what earlier launches logged after S, so the history is what an uninterrupted run logs."""
+    rows: dict[int, dict] = {}
+    files = sorted(run_dir.glob(f"{TRACKING_PREFIX}*.jsonl"), key=lambda p: int(p.stem.removeprefix(TRACKING_PREFIX)))
+    for path in files:
+        start = int(path.stem.removeprefix(TRACKING_PREFIX))
+        rows = {s: r for s, r in rows.items() if s <= start}
+        for line in path.read_text().splitlines():
+            if line.strip():
+                entry = json.loads(line)
+                step = int(entry["step"])
+                rows[step] = {**rows.get(step, {"step": step}), **entry["data"]}
+    return [rows[s] for s in sorted(rows)]
+
+
+def write_history(run_dir: Path, history: list[dict]) -> None:
+    """``metrics.jsonl``, replaced whole (its only writer, for both backends)."""
+    tmp = run_dir / (METRICS_FILE + ".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in history))
+    tmp.replace(run_dir / METRICS_FILE)
+
+
+def read_history(run_dir: Path) -> list[dict]:
+    """The run's ``metrics.jsonl`` ([] before its first step)."""
+    path = run_dir / METRICS_FILE
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.is_file() else []
 
 
 PROBE_PREFIX = "val-aux/train_probe"  # metrics of the fixed training-prompt probe (recipe.train_probe)
@@ -85,6 +123,13 @@ def step_line(step: int, total: int, metrics: dict[str, float]) -> str:
     return "  ".join(parts)
 
 
+SUMMARY_SPEED = [  # (metric, label, format): the rollout figures of the end-of-run summary, means over steps
+    ("rollout/throughput_tok_s", "rollout tokens/s", ".0f"),
+    ("rollout/tail_throughput_tok_s", "in the long tail", ".0f"),
+    ("rollout/spec_accept_length", "mean acceptance length", ".2f"),
+]
+
+
 def run_summary(history: list[dict], run_dir: Path) -> str:
     """What a run did, for the end of the console: reward first vs last quarter, held-out accuracy first vs last
     evaluation, rollout speed and acceptance, and where its files are."""
@@ -109,15 +154,12 @@ def run_summary(history: list[dict], run_dir: Path) -> str:
         evals = [(h["step"], h[key]) for h in history if key in h]
         (s0, v0), (s1, v1) = evals[0], evals[-1]
         lines.append(f"  held-out {key}: {v0:.3f} (step {s0}) -> {v1:.3f} (step {s1})")
-    speed = [f"{label} {np.mean([h[key] for h in steps if key in h]):{spec}}" for key, label, spec in (
-        ("rollout/throughput_tok_s", "rollout tokens/s", ".0f"),
-        ("rollout/tail_throughput_tok_s", "in the long tail", ".0f"),
-        ("rollout/spec_accept_length", "mean acceptance length", ".2f"),
-    ) if any(key in h for h in steps)]  # fmt: skip
+    speed = [f"{label} {np.mean([h[key] for h in steps if key in h]):{spec}}" for key, label, spec in SUMMARY_SPEED
+             if any(key in h for h in steps)]  # fmt: skip
     if speed:
         lines.append("  " + ", ".join(speed) + " (means over steps)")
     checkpoint = latest_step(run_dir)
-    lines.append(f"  metrics: {run_dir / 'metrics.jsonl'}  curves: {run_dir / 'curves.png'}")
+    lines.append(f"  metrics: {run_dir / METRICS_FILE}  curves: {run_dir / 'curves.png'}")
     if checkpoint:
         lines.append(f"  last checkpoint: {run_dir / f'global_step_{checkpoint}'}")
     return "\n".join(lines)

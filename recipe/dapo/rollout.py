@@ -1,17 +1,24 @@
 """The rollout stage: an in-process vLLM engine over the current policy, stepped by hand so that every
-engine step lands in the rollout timeline, plus weight sync and sleep/wake around training."""
+engine step lands in the rollout timeline, plus weight sync and sleep/wake around training.
+
+The local trainer talks to the rollout only through :class:`Rollout` (the verbs of veRL's rollout replicas:
+generate, update weights, sleep/wake, plus evaluation and the drafter's cross-rollout memory);
+:class:`RolloutEngine` implements it over ``vllm.LLM``. On backend=verl the rollout is veRL's own vLLM servers.
+"""
 
 from __future__ import annotations
 
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from recipe.dapo.timeline import RolloutTimeline
+from recipe.data.loader import Problem
 from recipe.engine import EngineOptions, make_llm, on_gpu, spec_counters
+from recipe.evaluate import EvalResult, evaluate
 
 logger = logging.getLogger(__name__)
 
@@ -117,8 +124,56 @@ def sync_weights(llm, state_dict: dict[str, torch.Tensor]) -> None:
     llm.reset_prefix_cache()
 
 
+class Rollout(Protocol):
+    """What the trainer needs from a rollout engine."""
+
+    tokenizer: Any
+
+    def generate(self, prompts: list[list[int]], n: int, sampling: dict, progress: bool = False) -> RolloutResult: ...
+
+    def evaluate(
+        self, problems: list[Problem], n: int, temperature: float, top_p: float, max_tokens: int
+    ) -> EvalResult: ...
+
+    def sync_weights(self, state_dict: dict[str, torch.Tensor]) -> None: ...
+
+    def sleep(self) -> None: ...
+
+    def wake_up(self) -> None: ...
+
+    def reseed(self, seed: int) -> None: ...
+
+    def drafter_state(self) -> bytes | None: ...
+
+    def load_drafter_state(self, blob: bytes) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def _reseed_worker(worker, seed: int) -> None:
+    """Runs in each vLLM worker: reseed the sampler's generator so every round is reproducible."""
+    torch.manual_seed(seed)
+
+
+def _drafter_state_on_worker(worker, blob: bytes | None = None) -> bytes | None:
+    """Runs in a vLLM worker: get (``blob=None``) or set the drafter's cross-rollout memory, as one pickled blob
+    (vLLM's RPC turns nested bytes into memoryviews it cannot forward to workers). Only SAM keeps one (suffix
+    decoding's global tree is not exposed by vLLM); None otherwise."""
+    import pickle
+
+    from sam.vllm import SAMProposer
+
+    drafter = getattr(worker.model_runner, "drafter", None)
+    if not isinstance(drafter, SAMProposer):
+        return None
+    if blob is None:
+        return pickle.dumps(drafter.state_dict())
+    drafter.load_state_dict(pickle.loads(blob))
+    return None
+
+
 class RolloutEngine:
-    """A vLLM engine for the policy with the chosen speculative method."""
+    """:class:`Rollout` on an in-process ``vllm.LLM`` with the chosen speculative method."""
 
     def __init__(
         self,
@@ -182,8 +237,25 @@ class RolloutEngine:
             responses.append(Response(p_i, list(prompts[p_i]), list(comp.token_ids), comp.text, comp.finish_reason))
         return RolloutResult(responses, timeline)
 
+    def evaluate(
+        self, problems: list[Problem], n: int, temperature: float, top_p: float, max_tokens: int
+    ) -> EvalResult:
+        """Sampled (or greedy, ``temperature=0``) accuracy on ``problems``; see :func:`recipe.evaluate.evaluate`."""
+        return evaluate(self.llm, problems, n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens)
+
     def sync_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         sync_weights(self.llm, state_dict)
+
+    def reseed(self, seed: int) -> None:
+        """Reseed the workers' samplers: the next round samples the same tokens whatever ran before it."""
+        self.llm.collective_rpc(_reseed_worker, args=(seed,))
+
+    def drafter_state(self) -> bytes | None:
+        """The drafter's cross-rollout memory (SAM's per-prompt history) for a checkpoint; None without one."""
+        return self.llm.collective_rpc(_drafter_state_on_worker)[0]
+
+    def load_drafter_state(self, blob: bytes) -> None:
+        self.llm.collective_rpc(_drafter_state_on_worker, args=(blob,))
 
     def close(self) -> None:
         """Stop the engine's processes now (left to interpreter exit, vLLM's shutdown can hang)."""

@@ -10,7 +10,6 @@ Metrics use veRL's names and go through ``verl.utils.tracking.Tracking``.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import random
@@ -28,11 +27,20 @@ from recipe.dapo.batch import RewardFunction, build_batch, kept_groups, select_g
 from recipe.dapo.data import PromptStream, load_prompts
 from recipe.dapo.drift import DriftProbe, load_or_sample_probe
 from recipe.dapo.policy import Actor
-from recipe.dapo.report import LATEST_FILE, PROBE_PREFIX, latest_step, plot_run, step_line
-from recipe.dapo.rollout import RolloutEngine
+from recipe.dapo.report import (
+    LATEST_FILE,
+    PROBE_PREFIX,
+    TRACKING_PREFIX,
+    latest_step,
+    merge_tracking,
+    plot_run,
+    step_line,
+    tracking_path,
+    write_history,
+)
+from recipe.dapo.rollout import Rollout, RolloutEngine
 from recipe.dapo.timeline import step_rollout_metrics, timed
 from recipe.engine import EngineOptions, spec_from_config
-from recipe.evaluate import evaluate
 
 logger = logging.getLogger(__name__)
 
@@ -44,23 +52,6 @@ class TrainingDataExhaustedWarning(UserWarning):
 def _rows(max_samples: int) -> int | None:
     """veRL's ``data.*_max_samples``: -1 is all rows."""
     return None if max_samples < 0 else int(max_samples)
-
-
-def _reseed_worker(worker, seed: int) -> None:
-    """Runs in each vLLM worker: reseed the sampler's generator so every round is reproducible."""
-    torch.manual_seed(seed)
-
-
-def _sam_state_on_worker(worker, blob: bytes | None = None) -> bytes | None:
-    """Runs in a vLLM worker: get (``blob=None``) or set the SAM proposer's cross-rollout memory, as one
-    pickled blob (vLLM's RPC turns nested bytes into memoryviews it cannot forward to workers)."""
-    import pickle
-
-    drafter = worker.model_runner.drafter
-    if blob is None:
-        return pickle.dumps(drafter.state_dict())
-    drafter.load_state_dict(pickle.loads(blob))
-    return None
 
 
 class DAPOTrainer:
@@ -75,7 +66,6 @@ class DAPOTrainer:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.seed = int(cfg.data.seed)
         self._seed_everything(self.seed)
-        self.spec_method = str(cfg.spec.method)
         model_path = verl_cfg.actor_rollout_ref.model.path
 
         self.actor = Actor(load_checkpoint(model_path, dtype=torch.float32), cfg)
@@ -92,7 +82,9 @@ class DAPOTrainer:
             seed=int(ro.seed),
             dtype=str(ro.dtype),
         )
-        self.engine = RolloutEngine(model_path, spec_cfg, options, extra, free_cache_engine=ro.free_cache_engine)
+        self.engine: Rollout = RolloutEngine(
+            model_path, spec_cfg, options, extra, free_cache_engine=ro.free_cache_engine
+        )
         self.tokenizer = self.engine.tokenizer
         problems, prompt_ids = load_prompts(
             verl_cfg.data.train_files, self.tokenizer, data.max_prompt_length, max_rows=_rows(data.train_max_samples)
@@ -108,7 +100,7 @@ class DAPOTrainer:
         self.reward = RewardFunction(verl_cfg)
         self.sampling = {"temperature": ro.temperature, "top_p": ro.top_p, "max_tokens": data.max_response_length}
         self.global_step = 0
-        self.tracking = self._make_tracking()
+        self.tracking = None  # veRL's Tracking, made in fit once the step it starts at is known
 
     # -- set-up ---------------------------------------------------------------------------------------
 
@@ -123,7 +115,7 @@ class DAPOTrainer:
         backends = list(self.cfg.trainer.logger)
         if "wandb" in backends and not os.environ.get("WANDB_API_KEY") and not Path.home().joinpath(".netrc").exists():
             os.environ.setdefault("WANDB_MODE", "offline")
-        os.environ["VERL_FILE_LOGGER_PATH"] = str(self.out_dir / f"tracking_from_step_{self.global_step}.jsonl")
+        os.environ["VERL_FILE_LOGGER_PATH"] = str(tracking_path(self.out_dir, self.global_step))
         os.environ.setdefault("WANDB_DIR", str(self.out_dir))
         return Tracking(
             project_name=self.cfg.trainer.project_name,
@@ -149,7 +141,7 @@ class DAPOTrainer:
             "torch_rng": torch.get_rng_state(),
             "numpy_rng": np.random.get_state(),
             "python_rng": random.getstate(),
-            "sam_state": self.engine.llm.collective_rpc(_sam_state_on_worker)[0] if self.spec_method == "sam" else None,
+            "drafter_state": self.engine.drafter_state(),
         }
         torch.save(state, tmp / "trainer_state.pt")
         shutil.rmtree(path, ignore_errors=True)
@@ -172,14 +164,9 @@ class DAPOTrainer:
         torch.set_rng_state(state["torch_rng"])
         np.random.set_state(state["numpy_rng"])
         random.setstate(state["python_rng"])
-        if state.get("sam_state") is not None and self.spec_method == "sam":
-            self.engine.llm.collective_rpc(_sam_state_on_worker, args=(state["sam_state"],))
+        if state.get("drafter_state") is not None:
+            self.engine.load_drafter_state(state["drafter_state"])
         self.global_step = state["global_step"]
-        history = self.out_dir / "metrics.jsonl"
-        if history.is_file():  # drop what the killed run logged after its last checkpoint
-            lines = [x for x in history.read_text().splitlines() if json.loads(x)["step"] <= self.global_step]
-            history.write_text("".join(x + "\n" for x in lines))
-        self.tracking = self._make_tracking()
         logger.info("resumed from %s (step %d)", path, self.global_step)
         return True
 
@@ -202,7 +189,7 @@ class DAPOTrainer:
             problems, prompt_ids = self.stream.next(cfg.data.gen_batch_size)
             uids = [f"s{self.global_step}r{r}p{i}" for i in range(len(problems))]
             seed = hash((int(cfg.actor_rollout_ref.rollout.seed), self.global_step, r)) % (2**31)
-            self.engine.llm.collective_rpc(_reseed_worker, args=(seed,))
+            self.engine.reseed(seed)
             start = time.perf_counter()
             with timed(timing, "gen"):
                 result = self.engine.generate(prompt_ids, n, self.sampling, progress=bool(self.options.progress_bar))
@@ -279,17 +266,13 @@ class DAPOTrainer:
             passes.append(("greedy", "greedy", "greedy", 1, 0.0, 1.0))
         metrics = {}
         for acc_name, length_name, subdir, n, temperature, top_p in passes:
-            res = evaluate(self.engine.llm, self.val_problems, n=n, temperature=temperature, top_p=float(top_p),
-                           max_tokens=max_tokens)  # fmt: skip
+            res = self.engine.evaluate(self.val_problems, n, temperature, float(top_p), max_tokens)
             metrics[f"val-core/{source}/acc/{acc_name}"] = res.pass_at_1
             metrics[f"val-aux/{source}/response_length/{length_name}"] = res.mean_response_tokens
             self._dump_validation(res.samples, subdir)
         if self.probe_problems:
             ro, n = self.cfg.actor_rollout_ref.rollout, int(self.options.train_probe.n)
-            probe = evaluate(
-                self.engine.llm, self.probe_problems, n=n, temperature=ro.temperature, top_p=ro.top_p,
-                max_tokens=max_tokens,
-            )  # fmt: skip
+            probe = self.engine.evaluate(self.probe_problems, n, ro.temperature, ro.top_p, max_tokens)
             metrics[f"{PROBE_PREFIX}/acc/mean@{n}"] = probe.pass_at_1
             metrics[f"{PROBE_PREFIX}/response_length/mean"] = probe.mean_response_tokens
         return metrics
@@ -319,7 +302,7 @@ class DAPOTrainer:
             return None
 
         def sample() -> list[dict]:
-            self.engine.llm.collective_rpc(_reseed_worker, args=(self.seed,))
+            self.engine.reseed(self.seed)
             prompts = self.val_prompt_ids[: int(probe.prompts)]
             result = self.engine.generate(prompts, int(probe.n), self.sampling)
             return [{"prompt": r.prompt_ids, "response": r.token_ids} for r in result.responses]
@@ -339,18 +322,18 @@ class DAPOTrainer:
         self.drift = self.make_drift_probe()
         resumed = self.try_resume()
         self.engine.sync_weights(self.policy.state_dict())
-        history_path = self.out_dir / "metrics.jsonl"
-        if not resumed:
-            history_path.write_text("")
-        history = [json.loads(x) for x in history_path.read_text().splitlines()]
+        if not resumed:  # a fresh run in a used directory: earlier runs' launches are not part of its history
+            for stale in self.out_dir.glob(f"{TRACKING_PREFIX}*.jsonl"):
+                stale.unlink()
+        self.tracking = self._make_tracking()  # a resumed run's earlier launches stay; the merge supersedes them
+        history = merge_tracking(self.out_dir)
         total = int(tr.total_training_steps)
 
         def record(step: int, metrics: dict[str, float]) -> None:
-            """One row of metrics: Tracking backends, the in-memory history and metrics.jsonl."""
+            """One row of metrics to veRL's Tracking backends, then metrics.jsonl merged again from the file's."""
             self.tracking.log(data=metrics, step=step)
-            history.append({"step": step, **metrics})
-            with history_path.open("a") as fh:
-                fh.write(json.dumps({"step": step, **metrics}) + "\n")
+            history[:] = merge_tracking(self.out_dir)
+            write_history(self.out_dir, history)
 
         from tqdm import tqdm
 

@@ -34,7 +34,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from recipe.dapo.config import ConfigError, accelerators, apply_overrides
-from recipe.dapo.report import latest_step, plot_run
+from recipe.dapo.report import latest_step, merge_tracking, plot_run, tracking_path, write_history
 from recipe.dapo.server_timeline import TIMELINE_DIR_ENV, rollout_metrics_by_step
 from recipe.dapo.step_marks import marks_env
 from recipe.verl_cpu import PLATFORM_ENV, PLATFORM_NAME
@@ -152,35 +152,22 @@ def launch_env(device: str, out_dir: Path) -> dict[str, str]:
     if device == "cpu":
         env[PLATFORM_ENV] = PLATFORM_NAME  # the platform gives the vLLM servers their CPU settings
     start = latest_step(out_dir)
-    env["VERL_FILE_LOGGER_PATH"] = str(out_dir / f"{TRACKING_PREFIX}{start}.jsonl")
+    env["VERL_FILE_LOGGER_PATH"] = str(tracking_path(out_dir, start))
     env[TIMELINE_DIR_ENV] = str(out_dir / "server_timeline")
     env.update(marks_env(out_dir, resumed_from=start))
     return env
 
 
-TRACKING_PREFIX = "tracking_from_step_"
-
-
 def collect_metrics(out_dir: Path, tail_threshold: int) -> list[dict]:
-    """``metrics.jsonl`` of a veRL run from its launches' tracking files: a relaunch resumed at step S replaces
-    what the killed launch logged after S, so the history is what an uninterrupted run logs (one row a step).
-    Each step also gets the ``rollout/*`` metrics of its rollouts in the servers (the local backend's names)."""
-    rows: dict[int, dict] = {}
-    files = sorted(out_dir.glob(f"{TRACKING_PREFIX}*.jsonl"), key=lambda p: int(p.stem.removeprefix(TRACKING_PREFIX)))
-    for path in files:
-        start = int(path.stem.removeprefix(TRACKING_PREFIX))
-        rows = {s: r for s, r in rows.items() if s <= start}
-        for line in path.read_text().splitlines():
-            if line.strip():
-                entry = json.loads(line)
-                step = int(entry["step"])
-                rows[step] = {**rows.get(step, {"step": step}), **entry["data"]}
+    """``metrics.jsonl`` of a veRL run: the launches' tracking files merged, each step with the ``rollout/*``
+    metrics of its rollouts in the servers (the local backend's names)."""
+    rows = {r["step"]: r for r in merge_tracking(out_dir)}
     validated = {s for s, r in rows.items() if any(k.startswith("val-core/") for k in r)}
     for step, metrics in rollout_metrics_by_step(out_dir, validated, tail_threshold).items():
         if step in rows:
             rows[step].update(metrics)
     history = [rows[s] for s in sorted(rows)]
-    (out_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in history))
+    write_history(out_dir, history)
     return history
 
 

@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 
 from recipe.dapo.config import ConfigError
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SHELL_SCRIPTS = sorted((REPO / "scripts" / "slurm").iterdir()) + sorted((REPO / "scripts").glob("*.sh"))
 
 

@@ -1,5 +1,5 @@
 """One DAPO update on veRL's FSDP2 engine (the actor's, as the veRL backend builds it), run in a fresh process:
-``python tests/verl_fsdp_update.py CHECKPOINT OUT.pt online|frozen [joint]`` saves the parameters after one update
+``python tests/integration/verl_fsdp_update.py CHECKPOINT OUT.pt online|frozen [joint]`` saves the parameters after one update
 of a fixed batch, with the MTP head trained online or not. ``joint`` clips the head with the policy (the bug the
 engine's separate clipping prevents), for the test that this would show."""
 

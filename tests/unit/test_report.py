@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("summarize_run", REPO / "scripts" / "summarize_run.py")
 summarize_run = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(summarize_run)
@@ -65,3 +65,25 @@ def test_run_summary_states_first_and_last_of_reward_and_held_out_accuracy_and_w
     assert str(tmp_path / "global_step_8") in summary
     line = step_line(8, 8, history[-1])
     assert line.startswith("step 8/8  reward 0.800") and "tiny_sum/acc/greedy 0.500" in line
+
+
+def test_every_rollout_metric_a_report_reads_is_one_the_rollout_logs():
+    """The console line, the summary, the run's curves and the A/B tables name ``rollout/*`` metrics by string; each
+    must be a key the timeline logs for a step with a tail and drafts (a renamed metric would leave a column empty)."""
+    import importlib.util
+
+    from recipe.dapo.report import PANELS, STEP_LINE, SUMMARY_SPEED
+    from recipe.dapo.timeline import RolloutTimeline, step_rollout_metrics
+    from recipe.engine import SpecCounters
+
+    tl = RolloutTimeline(num_requests=16)
+    for i, (active, drafts) in enumerate([(16, 4), (16, 4), (4, 2), (1, 1)]):
+        tl.step(0.01 * i, 0.01, active, active, 2 * active, SpecCounters(drafts, 3 * drafts, drafts))
+        if active < 16:
+            tl.finish(f"r{i}", 10, 0.01 * (i + 1))
+    logged = set(step_rollout_metrics([tl.summary(tail_threshold=8)]))
+    spec = importlib.util.spec_from_file_location("ab", REPO / "scripts" / "ab.py")
+    ab = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ab)
+    read = {k for k, *_ in [*PANELS, *STEP_LINE, *SUMMARY_SPEED, *ab.QUARTER_METRICS]} | set(ab.SLIME_METRICS.values())
+    assert {k for k in read if k.startswith("rollout/")} <= logged

@@ -1,60 +1,18 @@
-"""Lossless speculative sampling on vLLM CPU: the plugin, the bug it fixes, and the statistical proof.
+"""Lossless speculative sampling on vLLM CPU engines: the statistical proof.
 
-The harness (tests/lossless_harness.py) samples one prompt many times per sampler and compares per-position
-token distributions; see its docstring for running it against a GPU or NPU engine.
+The harness (tests/integration/lossless_harness.py) samples one prompt many times per sampler and compares
+per-position token distributions; see its docstring for running it against a GPU or NPU engine.
 """
-
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
-import torch
 from lossless_harness import Setting, compare, sample_hf, sample_vllm
-
-from recipe import lossless
 
 ALPHA = 1e-3  # per comparison; the biased samplers below are rejected at p far below this
 N = 1500
 MAX_TOKENS = 48
 SETTINGS = [Setting(1.0, 1.0), Setting(0.7, 0.9)]
 BIASED = Setting(0.85, 1.0)
-
-
-def test_fixed_expand_follows_vllm_contract():
-    cu = torch.tensor([2, 5, 6])
-    out = lossless.expand_batch_to_tokens(torch.tensor([0.7, 1.3, 0.5]), cu, 6)
-    assert out.tolist() == pytest.approx([0.7, 0.7, 1.3, 1.3, 1.3, 0.5])
-    ints = lossless.expand_batch_to_tokens(
-        torch.tensor([0, 5, 3], dtype=torch.int32), cu.int(), 6, replace_from=0, replace_to=7
-    )
-    assert ints.dtype == torch.int32 and ints.tolist() == [7, 7, 5, 5, 5, 3]
-
-
-def test_vllm_cpu_expand_is_still_broken(monkeypatch):
-    """Fails once vLLM fixes its CPU expand: then re-run the harness with the plugin off and retire it."""
-    import vllm.v1.sample.rejection_sampler as rs
-    from vllm.utils import cpu_triton_utils
-
-    original = getattr(rs.expand_batch_to_tokens, "__wrapped__", rs.expand_batch_to_tokens)
-    monkeypatch.setattr(rs, "expand_kernel", cpu_triton_utils.expand_kernel)  # what vLLM's CPU runner does
-    temps = torch.tensor([0.7, 1.3, 0.5])
-    got = original(temps, torch.tensor([2, 5, 6]), 6)
-    assert not torch.allclose(got, torch.tensor([0.7, 0.7, 1.3, 1.3, 1.3, 0.5]))
-
-
-def test_register_is_idempotent_and_can_be_disabled():
-    import vllm.v1.sample.rejection_sampler as rs
-
-    lossless.register()
-    patched = rs.expand_batch_to_tokens
-    lossless.register()
-    assert rs.expand_batch_to_tokens is patched and lossless.is_patched()
-    code = "from recipe import lossless; lossless.register(); print(lossless.is_patched())"
-    env = {**os.environ, "SPEC_ROLLOUT_LOSSLESS_PATCH": "0"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.strip().endswith("False")
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +31,6 @@ def samples(harness_model):
     return vllm_runs, hf
 
 
-@pytest.mark.slow
 def test_reference_samplers_agree(samples):
     runs, hf = samples
     for s in SETTINGS:
@@ -81,7 +38,6 @@ def test_reference_samplers_agree(samples):
         assert result.p_value > ALPHA, (s, result)
 
 
-@pytest.mark.slow
 def test_harness_has_power_against_a_biased_sampler(samples):
     runs, hf = samples
     biased = runs["off"][BIASED.name]
@@ -89,7 +45,6 @@ def test_harness_has_power_against_a_biased_sampler(samples):
     assert compare(biased, runs["off"][SETTINGS[0].name]).p_value < ALPHA
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("method", ["ngram", "suffix", "sam", "mtp"])
 def test_speculative_sampling_is_lossless(samples, method):
     runs, hf = samples
@@ -100,7 +55,6 @@ def test_speculative_sampling_is_lossless(samples, method):
         assert vs_off.p_value > ALPHA and vs_hf.p_value > ALPHA, (method, s, vs_off, vs_hf)
 
 
-@pytest.mark.slow
 def test_without_the_plugin_cpu_speculation_is_biased(samples):
     """The bug the plugin fixes, seen end to end; if this fails, vLLM fixed it and the plugin can go."""
     runs, hf = samples
@@ -109,7 +63,6 @@ def test_without_the_plugin_cpu_speculation_is_biased(samples):
     assert compare(runs["ngram_unpatched"][s.name], hf[s.name]).p_value < ALPHA
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("method", ["ngram", "suffix", "sam", "mtp"])
 def test_greedy_is_token_identical(samples, method):
     runs, _ = samples

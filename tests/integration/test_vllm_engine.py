@@ -16,7 +16,6 @@ def fp32_engine(harness_model):
     del llm
 
 
-@pytest.mark.slow
 def test_vllm_loads_mimo_with_its_mtp_drafter(fp32_engine):
     config = fp32_engine.llm_engine.vllm_config
     assert config.model_config.hf_config.architectures == ["MiMoForCausalLM"]
@@ -30,7 +29,6 @@ def prometheus_spec_counters(llm) -> SpecCounters:
     return SpecCounters(*(values.get(f"vllm:spec_decode_{n}", 0) for n in names))
 
 
-@pytest.mark.slow
 def test_greedy_tokens_match_training_module_and_mtp_drafts(fp32_engine, harness_model):
     from vllm import SamplingParams, TokensPrompt
 
@@ -81,7 +79,6 @@ def _drafter_mismatch(worker, payload: bytes) -> dict[str, float]:
     return worst
 
 
-@pytest.mark.slow
 def test_engine_drafter_receives_the_trained_mtp_head(fp32_engine, harness_model):
     """After a weight sync the engine's MTP drafter holds exactly the trained head (run last: it changes
     the engine's weights)."""

@@ -10,12 +10,12 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def update(checkpoint: Path, out: Path, *mode: str) -> dict:
     run = subprocess.run(
-        [sys.executable, str(REPO / "tests" / "verl_fsdp_update.py"), str(checkpoint), str(out), *mode],
+        [sys.executable, str(REPO / "tests" / "integration" / "verl_fsdp_update.py"), str(checkpoint), str(out), *mode],
         cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]

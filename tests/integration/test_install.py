@@ -93,7 +93,7 @@ def test_the_gpu_extra_resolves_with_the_versions_the_readme_names(tmp_path):
     import sys
     from pathlib import Path
 
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     report = tmp_path / "report.json"
     proc = subprocess.run(
         [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet", "--report", str(report),

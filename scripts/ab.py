@@ -1,8 +1,8 @@
 """Seeded A/B runs of the DAPO recipe across speculative modes, and the tables and plots that compare them.
 
-    python -m recipe.ab --name cpu24 trainer.total_training_steps=24        # all modes, then the report
-    python -m recipe.ab --name cpu24 --modes off,sam_group                  # a subset
-    python -m recipe.ab --name cpu24 --report-only                          # tables and plots again
+    python scripts/ab.py --name cpu24 trainer.total_training_steps=24        # all modes, then the report
+    python scripts/ab.py --name cpu24 --modes off,sam_group                  # a subset
+    python scripts/ab.py --name cpu24 --report-only                          # tables and plots again
 
 Every mode runs the same config, data and seed (``python -m recipe.dapo`` in its own process, so a crash of
 one mode loses nothing of the others, and a rerun resumes a killed mode from its checkpoint and skips
@@ -16,17 +16,19 @@ shared machine fall on every mode alike instead of on whichever mode ran during 
 - (c) speed at equal batch size: engine steps pooled by active requests, tokens/s per active request against
   spec off's in the same band (the long-tail figure compares tails of different sizes);
 - lossless in training: each mode's per-step reward and response length against spec off (two-sided
-  permutation test of the difference in means over steps, alpha 0.01), and the final greedy accuracy
-  (two-proportion z-test);
+  permutation test of the difference in means over steps, alpha 0.01), and the final greedy held-out accuracy
+  of every data source (Fisher's exact test on the problems solved);
 - means by quarter of the run: rollout tokens/s, acceptance length, the MTP head's top-1 and loss, reward;
 - plots: acceptance length, rollout throughput, reward and response length per step, and one rollout's
   timeline (active requests and tokens/s over time) for spec off against SAM.
+
+The report reads what each run logged (its ``metrics.jsonl`` and rollout timelines); it computes no metric the
+run already has.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import math
 import subprocess
@@ -34,6 +36,11 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
+from omegaconf import OmegaConf
+from scipy import stats
+
+from recipe.dapo.report import held_out_keys, read_history
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -46,13 +53,7 @@ MODES: dict[str, list[str]] = {
     "mtp_frozen": ["spec=mtp", "spec.mtp.train=frozen"],
     "mtp_online": ["spec=mtp", "spec.mtp.train=online"],
 }
-VAL_KEY = "val-core/tiny_sum/acc/greedy"
 ALPHA = 0.01
-
-
-def history(run_dir: Path) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    return [json.loads(x) for x in path.read_text().splitlines()] if path.is_file() else []
 
 
 def total_steps(overrides: list[str]) -> int:
@@ -77,7 +78,7 @@ def run_modes(name: str, modes: list[str], overrides: list[str], runs_root: Path
     overrides = [o for o in overrides if not o.startswith("trainer.total_training_steps=")]
     pending = []
     for mode in modes:
-        done = history(runs_root / name / mode)
+        done = read_history(runs_root / name / mode)
         if done and done[-1]["step"] >= steps:
             print(f"[ab] {mode}: finished ({steps} steps) in {runs_root / name / mode}, skipped", flush=True)
         else:
@@ -85,7 +86,7 @@ def run_modes(name: str, modes: list[str], overrides: list[str], runs_root: Path
     for end in chunk_ends(steps, chunk_steps):
         for mode in pending:
             run_dir = runs_root / name / mode
-            done = history(run_dir)
+            done = read_history(run_dir)
             if done and done[-1]["step"] >= end:
                 continue
             args = [
@@ -118,41 +119,50 @@ def mean_of(h: list[dict], key: str, second_half: bool = False) -> float:
     return float(values.mean()) if len(values) else float("nan")
 
 
-def permutation_p(a: np.ndarray, b: np.ndarray, rounds: int = 20000, seed: int = 0) -> float:
-    """Two-sided permutation test of equal means (no distribution assumed; seeded, so reports reproduce)."""
+def permutation_p(a: np.ndarray, b: np.ndarray) -> float:
+    """Two-sided permutation test of equal means over steps (no distribution assumed; seeded, so reports
+    reproduce)."""
     if len(a) < 2 or len(b) < 2:
-        return float("nan")
-    rng = np.random.default_rng(seed)
-    pooled = np.concatenate([a, b])
-    observed = abs(a.mean() - b.mean())
-    hits = 0
-    for _ in range(rounds):
-        rng.shuffle(pooled)
-        hits += abs(pooled[: len(a)].mean() - pooled[len(a) :].mean()) >= observed - 1e-12
-    return (hits + 1) / (rounds + 1)
+        return math.nan
+    res = stats.permutation_test(
+        (a, b), lambda x, y, axis: x.mean(axis) - y.mean(axis), vectorized=True, n_resamples=20000, rng=0
+    )
+    return float(res.pvalue)
 
 
-def two_proportion_p(p1: float, p2: float, n: int) -> float:
-    """Two-sided z-test that two accuracies on ``n`` problems each come from the same rate."""
-    pooled = (p1 + p2) / 2
-    se = math.sqrt(max(pooled * (1 - pooled) * 2 / n, 1e-12))
-    return math.erfc(abs(p1 - p2) / se / math.sqrt(2))
+def solved_p(acc: float, acc_off: float, n: int) -> float:
+    """Fisher's exact test that two greedy accuracies on the same ``n`` problems come from the same rate."""
+    if acc != acc or acc_off != acc_off:
+        return math.nan
+    solved, solved_off = round(acc * n), round(acc_off * n)
+    return float(stats.fisher_exact([[solved, n - solved], [solved_off, n - solved_off]]).pvalue)
+
+
+def final(h: list[dict], key: str) -> float:
+    values = series(h, key)[1]
+    return float(values[-1]) if len(values) else math.nan
+
+
+SLIME_METRICS = {  # table (a)'s columns read straight from the logged metric of each step
+    "rollout_tok_s": "rollout/throughput_tok_s",
+    "tail_tok_s": "rollout/tail_throughput_tok_s",
+    "tail_request_tok_s": "rollout/tail_request_tok_s",
+    "longest_sample_tok_s": "rollout/longest_sample_tok_s",
+    "accept_len": "rollout/tokens_per_request_step",
+    "tail_accept_len": "rollout/tail_tokens_per_request_step",
+}
 
 
 def tables(runs: dict[str, list[dict]], val_n: int) -> dict[str, list[dict]]:
+    """Rows of every table, from each mode's logged metrics (means over steps)."""
     off = runs.get("off")
     slime, ascend, lossless = [], [], []
     for mode, h in runs.items():
         slime.append(
             {
                 "mode": mode,
-                "rollout_tok_s": mean_of(h, "rollout/throughput_tok_s"),
-                "tail_tok_s": mean_of(h, "rollout/tail_throughput_tok_s"),
-                "tail_request_tok_s": mean_of(h, "rollout/tail_request_tok_s"),
-                "longest_sample_tok_s": mean_of(h, "rollout/longest_sample_tok_s"),
+                **{column: mean_of(h, key) for column, key in SLIME_METRICS.items()},
                 "train_s_per_step": mean_of(h, "timing_s/update_actor") + mean_of(h, "timing_s/old_log_prob"),
-                "accept_len": mean_of(h, "rollout/tokens_per_request_step"),
-                "tail_accept_len": mean_of(h, "rollout/tail_tokens_per_request_step"),
                 "rollout_tok_s_2nd_half": mean_of(h, "rollout/throughput_tok_s", second_half=True),
             }
         )
@@ -169,24 +179,25 @@ def tables(runs: dict[str, list[dict]], val_n: int) -> dict[str, list[dict]]:
         if off and mode != "off":
             score, score_off = series(h, "train/gen_score_mean")[1], series(off, "train/gen_score_mean")[1]
             length, length_off = series(h, "response_length/mean")[1], series(off, "response_length/mean")[1]
-            acc, acc_off = series(h, VAL_KEY)[1], series(off, VAL_KEY)[1]
-            final = float(acc[-1]) if len(acc) else float("nan")
-            final_off = float(acc_off[-1]) if len(acc_off) else float("nan")
-            lossless.append(
-                {
-                    "mode": mode,
-                    "score_mean": float(score.mean()),
-                    "score_off": float(score_off.mean()),
-                    "score_p": permutation_p(score, score_off),
-                    "length_mean": float(length.mean()),
-                    "length_off": float(length_off.mean()),
-                    "length_p": permutation_p(length, length_off),
-                    "final_greedy_acc": final,
-                    "final_greedy_acc_off": final_off,
-                    "acc_p": two_proportion_p(final, final_off, val_n),
-                }
-            )
+            row = {
+                "mode": mode,
+                "score_mean": float(score.mean()),
+                "score_off": float(score_off.mean()),
+                "score_p": permutation_p(score, score_off),
+                "length_mean": float(length.mean()),
+                "length_off": float(length_off.mean()),
+                "length_p": permutation_p(length, length_off),
+            }
+            for key in greedy_keys(off):  # veRL's val-core/<data_source>/acc/greedy, one per data source
+                source = key.split("/")[1]
+                row[f"{source}_greedy_acc"], row[f"{source}_greedy_acc_off"] = final(h, key), final(off, key)
+                row[f"{source}_greedy_p"] = solved_p(final(h, key), final(off, key), val_n)
+            lossless.append(row)
     return {"slime": slime, "ascend": ascend, "lossless": lossless, "quarters": by_quarter(runs)}
+
+
+def greedy_keys(h: list[dict]) -> list[str]:
+    return [k for k in held_out_keys(h) if k.endswith("/acc/greedy")]
 
 
 # per-quarter means in the report: (metric, label, decimals); a mode without the metric has no row
@@ -219,73 +230,77 @@ def by_quarter(runs: dict[str, list[dict]]) -> list[dict]:
     return rows
 
 
-def write_csv(path: Path, rows: list[dict]) -> None:
-    if not rows:
-        return
-    with open(path, "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+def md(rows: list[dict], columns: dict[str, tuple[str, str]]) -> str:
+    """A markdown table of ``rows``: ``columns`` maps a row key to (header, format spec); NaN shows as "-"."""
+    frame = pd.DataFrame(rows)
+    cells = {
+        header: frame[key].map(lambda x, spec=spec: "-" if isinstance(x, float) and x != x else format(x, spec))
+        for key, (header, spec) in columns.items()
+        if key in frame
+    }
+    return pd.DataFrame(cells).to_markdown(index=False, disable_numparse=True)
+
+
+SLIME_COLUMNS = {
+    "mode": ("mode", ""),
+    "rollout_tok_s": ("rollout tok/s", ".0f"),
+    "tail_tok_s": ("long-tail tok/s", ".0f"),
+    "tail_request_tok_s": ("long-tail tok/s per active request", ".0f"),
+    "longest_sample_tok_s": ("longest-sample tok/s", ".1f"),
+    "train_s_per_step": ("training s/step", ".2f"),
+    "accept_len": ("tokens per request-step", ".2f"),
+    "tail_accept_len": ("tail tokens per request-step", ".2f"),
+    "rollout_tok_s_2nd_half": ("rollout tok/s, 2nd half", ".0f"),
+}
+RATIO_COLUMNS = {
+    "rollout_tok_s": "rollout",
+    "rollout_tok_s_2nd_half": "rollout, 2nd half",
+    "tail_tok_s": "long tail",
+    "tail_request_tok_s": "long tail per request",
+}
+ASCEND_COLUMNS = {
+    "mode": ("mode", ""),
+    "inference_s_per_round": ("avg inference time per round (s)", ".2f"),
+    "rollout_s_per_step": ("total rollout time per step (s)", ".2f"),
+    "total_s_per_step": ("total time per step (s)", ".2f"),
+    "rollout_gain_pct": ("rollout gain vs off", "+.1f"),
+    "step_gain_pct": ("step gain vs off", "+.1f"),
+}
 
 
 def markdown(t: dict[str, list[dict]], runs: dict[str, list[dict]], command: str, tail_threshold: int) -> str:
-    def f(x: float, nd: int = 0) -> str:
-        return "-" if x != x else f"{x:.{nd}f}"
-
     steps = max((sum(r["step"] > 0 for r in h) for h in runs.values()), default=0)
     lines = [
         "# Seeded A/B: speculative rollout modes in DAPO training",
         "",
-        f"Produced by `{command}` ({steps} steps per mode, same config, data and seed; means over steps). "
-        f"Long tail: engine steps with at most {tail_threshold} active requests. Rollout metrics are recomputed for "
-        "every mode from its saved rollout timelines, pooled over each step's generation rounds.",
+        f"Produced by `{command}` ({steps} steps per mode, same config, data and seed; means over steps of what "
+        f"each run logged). Long tail: engine steps with at most {tail_threshold} active requests "
+        "(recipe.long_tail_threshold); rollout metrics pool each step's generation rounds.",
         "",
         "## (a) Rollout and training speed (slime's layout)",
         "",
-        "| mode | rollout tok/s | long-tail tok/s | long-tail tok/s per active request | longest-sample tok/s |"
-        " training s/step | tokens per request-step | tail tokens per request-step | rollout tok/s, 2nd half |",
-        "|---|---|---|---|---|---|---|---|---|",
+        md(t["slime"], SLIME_COLUMNS),
     ]
-    for r in t["slime"]:
-        lines.append(
-            f"| {r['mode']} | {f(r['rollout_tok_s'])} | {f(r['tail_tok_s'])} | {f(r['tail_request_tok_s'])} | "
-            f"{f(r['longest_sample_tok_s'], 1)} | {f(r['train_s_per_step'], 2)} | {f(r['accept_len'], 2)} | "
-            f"{f(r['tail_accept_len'], 2)} | {f(r['rollout_tok_s_2nd_half'])} |"
-        )
     off = next((r for r in t["slime"] if r["mode"] == "off"), None)
     if off:
-        ratio_keys = ("rollout_tok_s", "rollout_tok_s_2nd_half", "tail_tok_s", "tail_request_tok_s")
-        lines += [
-            "",
-            "Over spec off (ratios of the columns above): rollout tok/s, 2nd half, long-tail tok/s, long-tail tok/s "
-            "per active request.",
-            "",
-            "| mode | rollout | rollout, 2nd half | long tail | long tail per request |",
-            "|---|---|---|---|---|",
+        ratios = [
+            {"mode": r["mode"], **{k: r[k] / off[k] if off[k] else math.nan for k in RATIO_COLUMNS}}
+            for r in t["slime"]
+            if r["mode"] != "off"
         ]
-        for r in t["slime"]:
-            if r["mode"] != "off":
-                ratios = [r[k] / off[k] if off[k] else math.nan for k in ratio_keys]
-                lines.append(f"| {r['mode']} | " + " | ".join(f"{x:.2f}x" if x == x else "-" for x in ratios) + " |")
-    lines += [
-        "",
-        "## (b) Time per step (the Ascend SAM article's layout)",
-        "",
-        "| mode | avg inference time per round (s) | total rollout time per step (s) | total time per step (s) |"
-        " rollout gain vs off | step gain vs off |",
-        "|---|---|---|---|---|---|",
-    ]
-    for r in t["ascend"]:
-        gain = f"{r.get('rollout_gain_pct', float('nan')):+.1f}%" if "rollout_gain_pct" in r else "-"
-        sgain = f"{r.get('step_gain_pct', float('nan')):+.1f}%" if "step_gain_pct" in r else "-"
-        lines.append(
-            f"| {r['mode']} | {f(r['inference_s_per_round'], 2)} | {f(r['rollout_s_per_step'], 2)} | "
-            f"{f(r['total_s_per_step'], 2)} | {gain} | {sgain} |"
-        )
+        lines += ["", "Over spec off (ratios of the columns above).", "",
+                  md(ratios, {"mode": ("mode", "")} | {k: (v, ".2f") for k, v in RATIO_COLUMNS.items()})]  # fmt: skip
+    lines += ["", "## (b) Time per step (the Ascend SAM article's layout)", "", md(t["ascend"], ASCEND_COLUMNS)]
     if t.get("by_active"):
-        modes = list(dict.fromkeys(r["mode"] for r in t["by_active"]))
-        bands = list(dict.fromkeys(r["active"] for r in t["by_active"]))
-        cell = {(r["mode"], r["active"]): r for r in t["by_active"]}
+        frame = pd.DataFrame(t["by_active"])
+        frame["cell"] = [
+            f"{'-' if r.request_tok_s_vs_off != r.request_tok_s_vs_off else f'{r.request_tok_s_vs_off:.2f}x'} "
+            f"({r.tokens_per_request_step:.2f}; {100 * r.time_share:.0f}%)"
+            for r in frame.itertuples()
+        ]
+        table = frame.pivot(index="mode", columns="active", values="cell")
+        table = table.loc[list(dict.fromkeys(frame["mode"])), list(dict.fromkeys(frame["active"]))]
+        table.columns = [f"{band} active" for band in table.columns]
         lines += [
             "",
             "## (c) Speed at equal batch size",
@@ -295,51 +310,37 @@ def markdown(t: dict[str, list[dict]], runs: dict[str, list[dict]], command: str
             "long tail above compares tails that hold different numbers of requests when a drafter changes which "
             "requests are left at the end; here every band compares equal batch sizes.",
             "",
-            "| mode | " + " | ".join(f"{b} active" for b in bands) + " |",
-            "|---|" + "---|" * len(bands),
+            table.reset_index().to_markdown(index=False, disable_numparse=True),
         ]
-        for mode in modes:
-            cells = []
-            for b in bands:
-                r = cell[(mode, b)]
-                ratio = r["request_tok_s_vs_off"]
-                head = "-" if ratio != ratio else f"{ratio:.2f}x"
-                cells.append(f"{head} ({f(r['tokens_per_request_step'], 2)}; {100 * r['time_share']:.0f}%)")
-            lines.append(f"| {mode} | " + " | ".join(cells) + " |")
     if t["lossless"]:
+        columns = {"mode": ("mode", ""), "score_mean": ("reward", ".3f"), "score_off": ("reward (off)", ".3f"),
+                   "score_p": ("p", ".3f"), "length_mean": ("response length", ".1f"),
+                   "length_off": ("response length (off)", ".1f"), "length_p": ("p ", ".3f")}  # fmt: skip
+        for key in t["lossless"][0]:
+            if key.endswith("_greedy_acc"):
+                source = key.removesuffix("_greedy_acc")
+                columns |= {key: (f"final greedy acc, {source}", ".3f"), f"{key}_off": ("(off)", ".3f"),
+                            f"{source}_greedy_p": ("p  ", ".3f")}  # fmt: skip
+        rows = [r | {"agrees": "yes" if all(not (r[k] < ALPHA) for k in r if k.endswith("_p")) else "NO"}
+                for r in t["lossless"]]  # fmt: skip
         lines += [
             "",
             "## Lossless in training",
             "",
             f"Per-step mean reward (before filtering) and response length of each mode against spec off: two-sided "
-            f"permutation test of equal means over steps; final greedy accuracy: two-proportion z-test. A p-value "
-            f"below {ALPHA} would mean the mode changed what is learned beyond run-to-run noise.",
+            f"permutation test of equal means over steps; final greedy held-out accuracy: Fisher's exact test on "
+            f"the problems solved. A p-value below {ALPHA} would mean the mode changed what is learned beyond "
+            f"run-to-run noise.",
             "",
-            "| mode | reward (off) | p | response length (off) | p | final greedy acc (off) | p | agrees |",
-            "|---|---|---|---|---|---|---|---|",
+            md(rows, columns | {"agrees": ("agrees", "")}),
         ]
-        for r in t["lossless"]:
-            ok = all(not (p < ALPHA) for p in (r["score_p"], r["length_p"], r["acc_p"]))
-            lines.append(
-                f"| {r['mode']} | {r['score_mean']:.3f} ({r['score_off']:.3f}) | {r['score_p']:.3f} | "
-                f"{r['length_mean']:.1f} ({r['length_off']:.1f}) | {r['length_p']:.3f} | "
-                f"{f(r['final_greedy_acc'], 3)} ({f(r['final_greedy_acc_off'], 3)}) | {f(r['acc_p'], 3)} | "
-                f"{'yes' if ok else 'NO'} |"
-            )
     if t.get("quarters"):
         labels = {key: (label, nd) for key, label, nd in QUARTER_METRICS}
-        lines += [
-            "",
-            "## By quarter of the run",
-            "",
-            "Means over each quarter of the training steps.",
-            "",
-            "| mode | metric | Q1 | Q2 | Q3 | Q4 |",
-            "|---|---|---|---|---|---|",
-        ]
-        for r in t["quarters"]:
-            label, nd = labels[r["metric"]]
-            lines.append(f"| {r['mode']} | {label} | " + " | ".join(f(r[f"q{i}"], nd) for i in range(1, 5)) + " |")
+        rows = [{"mode": r["mode"], "metric": labels[r["metric"]][0],
+                 **{f"Q{i}": format(r[f"q{i}"], f".{labels[r['metric']][1]}f") if r[f"q{i}"] == r[f"q{i}"] else "-"
+                    for i in range(1, 5)}} for r in t["quarters"]]  # fmt: skip
+        lines += ["", "## By quarter of the run", "", "Means over each quarter of the training steps.", "",
+                  pd.DataFrame(rows).to_markdown(index=False, disable_numparse=True)]  # fmt: skip
     lines += ["", "![acceptance](acceptance.png)", "", "![throughput](throughput.png)", ""]
     lines += ["![reward and length](reward_length.png)", "", "![drift](drift.png)", "", "![timeline](timeline.png)", ""]
     return "\n".join(lines)
@@ -458,19 +459,12 @@ def load_timelines(run_dir: Path) -> dict[int, list]:
     return dict(rounds)
 
 
-def with_rollout_metrics_recomputed(h: list[dict], timelines: dict[int, list], threshold: int) -> list[dict]:
-    """``h`` with its ``rollout/*`` metrics recomputed from the run's timelines at ``threshold`` active requests,
-    so every mode's tail is the same part of the rollout whatever the run was configured with, and every run
-    is read with the same definitions whichever version of the recipe logged it."""
-    from recipe.dapo.timeline import step_rollout_metrics
-
-    out = []
-    for r in h:
-        if r["step"] in timelines:
-            summaries = [tl.summary(threshold) for tl in timelines[r["step"]]]
-            r = {k: v for k, v in r.items() if not k.startswith("rollout/")} | step_rollout_metrics(summaries)
-        out.append(r)
-    return out
+def run_config(run_dir: Path):
+    """The recipe config a mode ran with (Hydra's copy in the run's ``hydra/`` folder)."""
+    path = run_dir / "hydra" / ".hydra" / "config.yaml"
+    if not path.is_file():
+        raise SystemExit(f"[ab] {path} is missing: was {run_dir} made by this script?")
+    return OmegaConf.load(path)
 
 
 def by_active_requests(timelines: dict[str, dict[int, list]]) -> list[dict]:
@@ -488,19 +482,26 @@ def by_active_requests(timelines: dict[str, dict[int, list]]) -> list[dict]:
     return rows
 
 
-def report(name: str, runs_root: Path, out_root: Path, command: str, val_n: int, tail_threshold: int) -> Path:
+def report(name: str, runs_root: Path, out_root: Path, command: str, val_n: int | None) -> Path:
     runs_dir = runs_root / name
-    histories = {m: history(runs_dir / m) for m in MODES}
-    timelines = {m: load_timelines(runs_dir / m) for m, h in histories.items() if h}
-    runs = {m: with_rollout_metrics_recomputed(histories[m], timelines[m], tail_threshold) for m in timelines}
+    runs = {m: h for m in MODES if (h := read_history(runs_dir / m))}
     if not runs:
         raise SystemExit(f"[ab] no finished runs under {runs_dir}")
+    cfg = run_config(runs_dir / next(iter(runs)))
+    tail_threshold = int(cfg.recipe.long_tail_threshold)
+    if val_n is None:
+        if cfg.data.val_max_samples < 0:
+            raise SystemExit(
+                "[ab] data.val_max_samples is -1 (all rows): give --val-n, the number of held-out problems"
+            )
+        val_n = int(cfg.data.val_max_samples)
     out = out_root / name
     out.mkdir(parents=True, exist_ok=True)
     t = tables(runs, val_n)
-    t["by_active"] = by_active_requests(timelines)
+    t["by_active"] = by_active_requests({m: load_timelines(runs_dir / m) for m in runs})
     for key, rows in t.items():
-        write_csv(out / f"{key}.csv", rows)
+        if rows:
+            pd.DataFrame(rows).to_csv(out / f"{key}.csv", index=False)
     (out / "tables.json").write_text(json.dumps(t, indent=2))
     plots(runs, runs_dir, out)
     (out / "README.md").write_text(markdown(t, runs, command, tail_threshold))
@@ -515,8 +516,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--runs-root", default=str(REPO_ROOT / "runs" / "ab"))
     parser.add_argument("--out-root", default=str(REPO_ROOT / "results" / "ab"))
     parser.add_argument("--report-only", action="store_true", help="only rebuild tables and plots")
-    parser.add_argument("--val-n", type=int, default=128, help="validation problems (data.val_max_samples)")
-    parser.add_argument("--tail-threshold", type=int, default=8, help="long tail: at most this many active requests")
+    parser.add_argument("--val-n", type=int, help="held-out problems (default: the runs' data.val_max_samples)")
     parser.add_argument(
         "--chunk-steps",
         type=int,
@@ -536,8 +536,8 @@ def main(argv: list[str] | None = None) -> None:
     if not args.report_only:
         run_modes(args.name, modes, overrides, runs_root, args.chunk_steps)
     given = argv if argv is not None else sys.argv[1:]
-    command = "python -m recipe.ab " + " ".join(a for a in given if a != "--report-only")
-    report(args.name, runs_root, out_root, command, args.val_n, args.tail_threshold)
+    command = "python scripts/ab.py " + " ".join(a for a in given if a != "--report-only")
+    report(args.name, runs_root, out_root, command, args.val_n)
 
 
 if __name__ == "__main__":

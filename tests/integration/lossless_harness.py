@@ -9,7 +9,7 @@ temperature 0.85 instead of 1).
 Each vLLM sampler runs in its own process, so one whose plugins are disabled (``SPEC_ROLLOUT_LOSSLESS_PATCH=0``)
 cannot leak into another. Run it against any engine, e.g. on a GPU or NPU machine:
 
-    python tests/lossless_harness.py --model /path/to/ckpt --methods off,ngram,mtp --n 2000
+    python tests/integration/lossless_harness.py --model /path/to/ckpt --methods off,ngram,mtp --n 2000
 
 which prints one line per (method, temperature, top-p) with the p-value against spec off and HF.
 """
@@ -29,7 +29,7 @@ import numpy as np
 
 END = -1  # position after the sequence ended
 DEFAULT_PROMPT = [{"role": "user", "content": "Add the numbers: 3 5 2 7 4"}]
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)

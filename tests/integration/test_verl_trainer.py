@@ -26,7 +26,7 @@ from omegaconf import OmegaConf
 from recipe.dapo.step_marks import STEP_MARKS
 from recipe.dapo.verl_backend import JOB_ENV, _shm_entries, cleanup_job, job_processes
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MAX_RESPONSE = 128
 STEPS = 3
 
@@ -82,7 +82,6 @@ def run_to_end(args: list[str], job: str) -> None:
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
 
 
-@pytest.mark.slow
 def test_verl_trainer_runs_dapo_with_sam_and_resumes_after_kill_9(harness_model, tmp_path):
     out = tmp_path / "run"
     first_job = f"test-{uuid.uuid4().hex}"
@@ -139,7 +138,6 @@ def mean_acceptance(out: Path) -> float:
     return sum(rates) / len(rates)
 
 
-@pytest.mark.slow
 def test_two_replicas_keep_each_prompt_on_one_server_and_mtp_drafts_with_the_checkpoint_head(
     harness_model, tmp_path, verl_job
 ):
@@ -171,7 +169,6 @@ def test_two_replicas_keep_each_prompt_on_one_server_and_mtp_drafts_with_the_che
     assert local_rate > 0.15 and 0.5 * local_rate < verl_rate < 2.0 * local_rate, (verl_rate, local_rate)
 
 
-@pytest.mark.slow
 def test_online_mtp_on_the_fsdp_actor_trains_the_head_and_syncs_it_to_the_servers(harness_model, tmp_path, verl_job):
     """spec=mtp online on veRL's FSDP actor (mtp/verl_fsdp.py): the update logs the head's loss, and the servers,
     which start from veRL's random "dummy" weights, draft with the actor's head: only weight sync can have put it
@@ -186,7 +183,6 @@ def test_online_mtp_on_the_fsdp_actor_trains_the_head_and_syncs_it_to_the_server
     assert mean_acceptance(out) > 0.15
 
 
-@pytest.mark.slow
 def test_spec_off_runs_with_no_drafts_in_the_servers_timeline(harness_model, tmp_path, verl_job):
     out = tmp_path / "off"
     run_to_end(launch_args(harness_model, out, *short_run(1), spec="off"), verl_job)

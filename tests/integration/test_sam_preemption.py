@@ -57,7 +57,6 @@ def _generate(model, prompts, spec, additional=None):
         del llm
 
 
-@pytest.mark.slow
 def test_sam_under_preemption_keeps_its_requests_and_is_lossless(harness_model, prompts):
     reference, ref_metrics, _ = _generate(harness_model, prompts, None)
     sam = speculative_config("sam", 3)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ROUTER_YAML = REPO / "configs" / "router" / "prompt_affinity.yaml"
 
 

@@ -170,6 +170,24 @@ def test_siblings_draft_from_finished_siblings_and_history_across_rollouts():
     assert drafted > 10
 
 
+def test_prompts_that_share_a_template_prefix_are_separate_groups():
+    """Chat prompts share a long template and differ near the end: each prompt is its own group, so a request
+    never drafts another prompt's answer (a key over part of the prompt would pool them)."""
+    template = list(range(60, 80))
+    prompt_a, prompt_b = [*template, 1, 2], [*template, 3, 4]
+    answer_a, answer_b = list(range(10, 40)), list(range(100, 130))
+    proposer = make_proposer(batch_threshold=100, min_match=2, group_sharing=True, cross_epoch=True)
+    Driver(proposer, {"a1": (prompt_a, answer_a), "b1": (prompt_b, answer_b)}).run()
+    assert len(proposer.drafter.groups.groups) == 2
+    drv = Driver(proposer, {"b2": (prompt_b, answer_b)}, seed=3)  # next epoch: prompt b's history is answer b
+    drafted = 0
+    while drv.unfinished:
+        d = drv.step().get("b2", [])
+        assert d == answer_b[drv.emitted["b2"] :][: len(d)]  # never answer a's tokens
+        drafted += len(d)
+    assert drafted > 10
+
+
 def test_group_drafts_follow_the_continuation_most_siblings_took_while_its_chance_holds():
     prompt = np.array([1, 2, 3], dtype=np.int32)
     earliest, majority = [20, 21, 22, 23], [30, 31, 32, 33]

@@ -87,7 +87,6 @@ def test_each_verl_patch_works_and_is_still_needed(patch, code, works, fails_wit
     assert off.returncode != 0 and fails_without in off.stderr, off.stderr[-3000:]
 
 
-@pytest.mark.slow
 def test_keep_linear_weights_patch_leaves_vllm_weights_to_sync_into(harness_model):
     """In a vLLM engine (its plugins loaded as in a veRL server's engine core), linear layers keep a parameter
     with the model's weights; vLLM CPU drops it otherwise, and veRL's weight sync has nothing to load into."""
