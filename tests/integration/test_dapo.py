@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-CONFIGS = str(REPO / "configs")
 TIMING_PREFIXES = (
     "timing_s/",
     "timing_per_token_ms/",

@@ -9,16 +9,6 @@ from recipe.dapo.config import ConfigError, validate
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = str(REPO / "configs")
-TIMING_PREFIXES = (
-    "timing_s/",
-    "timing_per_token_ms/",
-    "perf/",
-    "rollout/throughput",
-    "rollout/tail_throughput",
-    "rollout/tail_request_tok_s",
-    "rollout/longest",
-    "rollout/tail_time",
-)
 
 
 def config(*overrides: str):
