@@ -230,15 +230,19 @@ def by_quarter(runs: dict[str, list[dict]]) -> list[dict]:
     return rows
 
 
-def md(rows: list[dict], columns: dict[str, tuple[str, str]]) -> str:
-    """A markdown table of ``rows``: ``columns`` maps a row key to (header, format spec); NaN shows as "-"."""
-    frame = pd.DataFrame(rows)
-    cells = {
-        header: frame[key].map(lambda x, spec=spec: "-" if isinstance(x, float) and x != x else format(x, spec))
-        for key, (header, spec) in columns.items()
-        if key in frame
-    }
-    return pd.DataFrame(cells).to_markdown(index=False, disable_numparse=True)
+def cell(x: object, spec: str) -> str:
+    """One table cell: ``x`` formatted with ``spec``; NaN shows as "-"."""
+    return "-" if isinstance(x, float) and x != x else format(x, spec)
+
+
+def md(rows: list[dict], columns: dict[str, tuple[str, str]] | None = None) -> str:
+    """A markdown table of ``rows``: ``columns`` maps a row key to (header, format spec), headers may repeat
+    (default: every key of the first row, as it is)."""
+    columns = columns or {key: (key, "") for key in rows[0]}
+    shown = [key for key in columns if key in rows[0]]
+    frame = pd.DataFrame([[cell(r[key], columns[key][1]) for key in shown] for r in rows])
+    frame.columns = [columns[key][0] for key in shown]
+    return frame.to_markdown(index=False, disable_numparse=True)
 
 
 SLIME_COLUMNS = {
@@ -294,9 +298,8 @@ def markdown(t: dict[str, list[dict]], runs: dict[str, list[dict]], command: str
     if t.get("by_active"):
         cells: dict[str, dict[str, str]] = {}
         for r in t["by_active"]:
-            ratio = (
-                "-" if r["request_tok_s_vs_off"] != r["request_tok_s_vs_off"] else f"{r['request_tok_s_vs_off']:.2f}x"
-            )
+            vs_off = r["request_tok_s_vs_off"]
+            ratio = cell(vs_off, ".2f") + ("x" if vs_off == vs_off else "")
             cells.setdefault(r["mode"], {"mode": r["mode"]})[f"{r['active']} active"] = (
                 f"{ratio} ({r['tokens_per_request_step']:.2f}; {100 * r['time_share']:.0f}%)"
             )
@@ -309,17 +312,17 @@ def markdown(t: dict[str, list[dict]], runs: dict[str, list[dict]], command: str
             "long tail above compares tails that hold different numbers of requests when a drafter changes which "
             "requests are left at the end; here every band compares equal batch sizes.",
             "",
-            pd.DataFrame(list(cells.values())).to_markdown(index=False, disable_numparse=True),
+            md(list(cells.values())),
         ]
     if t["lossless"]:
         columns = {"mode": ("mode", ""), "score_mean": ("reward", ".3f"), "score_off": ("reward (off)", ".3f"),
                    "score_p": ("p", ".3f"), "length_mean": ("response length", ".1f"),
-                   "length_off": ("response length (off)", ".1f"), "length_p": ("p ", ".3f")}  # fmt: skip
+                   "length_off": ("response length (off)", ".1f"), "length_p": ("p", ".3f")}  # fmt: skip
         for key in t["lossless"][0]:
             if key.endswith("_greedy_acc"):
                 source = key.removesuffix("_greedy_acc")
                 columns |= {key: (f"final greedy acc, {source}", ".3f"), f"{key}_off": ("(off)", ".3f"),
-                            f"{source}_greedy_p": ("p  ", ".3f")}  # fmt: skip
+                            f"{source}_greedy_p": ("p", ".3f")}  # fmt: skip
         rows = [r | {"agrees": "yes" if all(not (r[k] < ALPHA) for k in r if k.endswith("_p")) else "NO"}
                 for r in t["lossless"]]  # fmt: skip
         lines += [
@@ -336,10 +339,9 @@ def markdown(t: dict[str, list[dict]], runs: dict[str, list[dict]], command: str
     if t.get("quarters"):
         labels = {key: (label, nd) for key, label, nd in QUARTER_METRICS}
         rows = [{"mode": r["mode"], "metric": labels[r["metric"]][0],
-                 **{f"Q{i}": format(r[f"q{i}"], f".{labels[r['metric']][1]}f") if r[f"q{i}"] == r[f"q{i}"] else "-"
-                    for i in range(1, 5)}} for r in t["quarters"]]  # fmt: skip
-        lines += ["", "## By quarter of the run", "", "Means over each quarter of the training steps.", "",
-                  pd.DataFrame(rows).to_markdown(index=False, disable_numparse=True)]  # fmt: skip
+                 **{f"Q{i}": cell(r[f"q{i}"], f".{labels[r['metric']][1]}f") for i in range(1, 5)}}
+                for r in t["quarters"]]  # fmt: skip
+        lines += ["", "## By quarter of the run", "", "Means over each quarter of the training steps.", "", md(rows)]
     lines += ["", "![acceptance](acceptance.png)", "", "![throughput](throughput.png)", ""]
     lines += ["![reward and length](reward_length.png)", "", "![drift](drift.png)", "", "![timeline](timeline.png)", ""]
     return "\n".join(lines)

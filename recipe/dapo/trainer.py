@@ -330,9 +330,10 @@ class DAPOTrainer:
         total = int(tr.total_training_steps)
 
         def record(step: int, metrics: dict[str, float]) -> None:
-            """One row of metrics to veRL's Tracking backends, then metrics.jsonl merged again from the file's."""
+            """One row of metrics to veRL's Tracking backends, and metrics.jsonl: the merge of the tracking files
+            at the start of this launch plus the rows this launch's file has received since (kept in memory)."""
             self.tracking.log(data=metrics, step=step)
-            history[:] = merge_tracking(self.out_dir)
+            history.append({"step": step, **metrics})
             write_history(self.out_dir, history)
 
         from tqdm import tqdm
