@@ -1,0 +1,5 @@
+"""MiMo MTP: the model (model.py), its loss and masks (loss.py), checkpoints, conversion, and online training on
+veRL's FSDP actor (verl_fsdp.py)."""
+
+MTP_LR_KEY = "mtp_lr"  # the MTP layer's learning rate among veRL's optimizer extra arguments
+# (actor_rollout_ref.actor.optim.override_optimizer_config), where the recipe puts spec.mtp.lr for verl_fsdp.py

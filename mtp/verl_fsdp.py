@@ -13,12 +13,16 @@ this platform's vendor key, which veRL's lookup prefers to the device-wide defau
   embeddings and LM head, scaled by ``actor_rollout_ref.model.mtp.mtp_loss_scaling_factor`` and by the
   micro-batch's share of the mini-batch's response tokens;
 - clips the head's gradients apart from the policy's, so the policy's update is the one it would be without the
-  head (under one global norm the MTP loss would shrink the policy's step whenever clipping is active).
+  head (under one global norm the MTP loss would shrink the policy's step whenever clipping is active);
+- gives the head its own learning rate when the recipe sets ``spec.mtp.lr`` (veRL's optimizer config has one
+  learning rate; the recipe passes the head's as ``override_optimizer_config.mtp_lr``, taken out here).
 
 With ``mtp.enable_train`` off (a frozen head, the reference model) the engine behaves as veRL's own.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 from torch import nn
@@ -30,6 +34,7 @@ from verl.utils.metric import AggregationType, Metric
 from verl.workers.engine.base import EngineRegistry
 from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
 
+from mtp import MTP_LR_KEY
 from mtp.loss import masked_ce, mtp_targets
 from mtp.model import MiMoConfig, MTPLayer, packed_positions, rope_cos_sin, run_mtp_layers
 
@@ -141,6 +146,23 @@ class MTPTrainingFSDPEngine(FSDPEngineWithLMHead):
 
     def _model(self) -> MiMoMTPForCausalLM:
         return getattr(self.module, "_fsdp_wrapped_module", self.module)
+
+    def _build_optimizer(self, module):
+        """veRL's optimizer; with ``mtp_lr`` among its extra arguments, the MTP layer in a group of that learning
+        rate (veRL's scheduler scales every group's rate alike)."""
+        from verl.workers.config.optimizer import build_optimizer
+
+        extra = dict(self.optimizer_config.override_optimizer_config or {})
+        head_lr = extra.pop(MTP_LR_KEY, None)
+        if head_lr is None:
+            return super()._build_optimizer(module)
+        config = dataclasses.replace(self.optimizer_config, override_optimizer_config=extra or None)
+        named = list(module.named_parameters())
+        head = [p for name, p in named if ".mtp_layers." in f".{name}"]
+        if not head:
+            raise ValueError(f"{MTP_LR_KEY}={head_lr} is set but the actor's model has no MTP layer (model.mtp_layers)")
+        trunk = [p for name, p in named if ".mtp_layers." not in f".{name}"]
+        return build_optimizer([{"params": trunk}, {"params": head, "lr": float(head_lr)}], config)
 
     def _head_parameters(self) -> list[torch.nn.Parameter]:
         return list(self._model().model.mtp_layers.parameters())

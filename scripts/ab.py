@@ -74,7 +74,7 @@ def chunk_ends(steps: int, chunk_steps: int) -> list[int]:
 def run_modes(name: str, modes: list[str], overrides: list[str], runs_root: Path, chunk_steps: int) -> None:
     """Each mode in its own ``python -m recipe.dapo`` process, modes taking turns chunk by chunk; finished modes
     are skipped, killed ones resume."""
-    steps = total_steps(overrides)
+    steps = total_steps([*overrides, *MODES[modes[0]]])  # with a mode's spec group, which overrides may set
     overrides = [o for o in overrides if not o.startswith("trainer.total_training_steps=")]
     pending = []
     for mode in modes:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from mtp import MTP_LR_KEY
 from recipe.engine import SPEC_METHODS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -49,6 +50,7 @@ def validate(cfg: DictConfig) -> None:
             f"must be frozen or online, got {spec.mtp.train!r}",
         )
         _require(spec.mtp.loss_scaling_factor >= 0, "spec.mtp.loss_scaling_factor", "must be >= 0")
+        _require(spec.mtp.lr is None or spec.mtp.lr > 0, "spec.mtp.lr", f"must be null or > 0, got {spec.mtp.lr}")
     if spec.method == "suffix":
         _require(spec.suffix_decoding_max_tree_depth >= 1, "spec.suffix_decoding_max_tree_depth", "must be >= 1")
         _require(
@@ -208,7 +210,16 @@ def spec_overrides(spec: DictConfig) -> dict[str, object]:
         # online: the FSDP actor's engine holds, trains and syncs the head (veRL imports the module in its
         # workers; a Megatron actor trains the head itself), so the servers get it with the first weight sync
         **(
-            {"actor_rollout_ref.model.external_lib": "mtp.verl_fsdp"}
+            {
+                "actor_rollout_ref.model.external_lib": "mtp.verl_fsdp",
+                # veRL's optimizer config has no key for a second learning rate: mtp.verl_fsdp takes this one out of
+                # the optimizer's extra arguments and gives the MTP layer its own parameter group
+                **(
+                    {f"+actor_rollout_ref.actor.optim.override_optimizer_config.{MTP_LR_KEY}": float(spec.mtp.lr)}
+                    if spec.mtp.lr is not None
+                    else {}
+                ),
+            }
             if spec.mtp.train == "online"
             # frozen: the actor holds the trunk only (Qwen2ForCausalLM drops model.mtp_layers.*) and weight sync
             # never sends the head, so the servers load the checkpoint's (veRL's default "dummy" load would leave

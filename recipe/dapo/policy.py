@@ -147,8 +147,10 @@ class Actor:
         # global norm the MTP loss would scale the policy's step whenever clipping is active (most steps)
         self.policy_params = [p for p in self.policy.parameters() if p.requires_grad and id(p) not in head]
         actor = cfg.actor_rollout_ref.actor
+        head_lr = cfg.spec.mtp.lr if self.spec_method == "mtp" and cfg.spec.mtp.lr is not None else actor.optim.lr
         self.optimizer = torch.optim.AdamW(
-            self.policy_params + (self.mtp_params if self.mtp_online else []),
+            [{"params": self.policy_params}]
+            + ([{"params": self.mtp_params, "lr": head_lr}] if self.mtp_online else []),
             lr=actor.optim.lr,
             betas=tuple(actor.optim.betas),
             weight_decay=actor.optim.weight_decay,

@@ -29,6 +29,7 @@ def test_the_policy_update_on_verl_fsdp_is_unchanged_by_the_online_head(harness_
     online = update(harness_model, tmp_path / "online.pt", "online")
     frozen = update(harness_model, tmp_path / "frozen.pt", "frozen")
     joint = update(harness_model, tmp_path / "joint.pt", "online", "joint")
+    head_lr = update(harness_model, tmp_path / "head_lr.pt", "online", "head_lr=1e-4")
     start = load_file(harness_model / "model.safetensors")
 
     policy = sorted(frozen["params"])
@@ -43,3 +44,13 @@ def test_the_policy_update_on_verl_fsdp_is_unchanged_by_the_online_head(harness_
     assert 0 < online["metrics"]["mtp/loss"] < 20 and 0 <= online["metrics"]["mtp/acc"] <= 1
     assert "mtp/loss" not in frozen["metrics"]
     assert online["metrics"]["actor/pg_loss"] == frozen["metrics"]["actor/pg_loss"]
+
+    # spec.mtp.lr (override_optimizer_config.mtp_lr): one AdamW step from fresh moments moves a parameter by about
+    # its rate, so the head moves on the scale of 1e-4 instead of the actor's 1e-2, and the policy as without it
+    for name in policy:
+        assert torch.equal(head_lr["params"][name], online["params"][name]), name
+    moved = {
+        run: max((r["params"][n] - start[n].float()).abs().max().item() for n in head)
+        for run, r in (("actor lr", online), ("head lr", head_lr))
+    }
+    assert 0.5e-2 < moved["actor lr"] < 2e-2 and 0.5e-4 < moved["head lr"] < 2e-4, moved

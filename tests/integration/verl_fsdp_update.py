@@ -1,7 +1,8 @@
 """One DAPO update on veRL's FSDP2 engine (the actor's, as the veRL backend builds it), run in a fresh process:
-``python tests/integration/verl_fsdp_update.py CHECKPOINT OUT.pt online|frozen [joint]`` saves the parameters after one update
-of a fixed batch, with the MTP head trained online or not. ``joint`` clips the head with the policy (the bug the
-engine's separate clipping prevents), for the test that this would show."""
+``python tests/integration/verl_fsdp_update.py CHECKPOINT OUT.pt online|frozen [joint] [head_lr=LR]`` saves the parameters
+after one update of a fixed batch, with the MTP head trained online or not. ``joint`` clips the head with the policy (the
+bug the engine's separate clipping prevents), for the test that this would show; ``head_lr`` gives the head its own
+learning rate as the recipe passes ``spec.mtp.lr`` to veRL (the actor's is 1e-2)."""
 
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ def batch(tokenizer_pad: int, seed: int = 0):
     return left_right_2_no_padding(data)
 
 
-def main(checkpoint: str, out: str, train: str, clipping: str = "separate") -> None:
+def main(checkpoint: str, out: str, train: str, *options: str) -> None:
     import torch
     import torch.distributed as dist
 
@@ -65,8 +66,11 @@ def main(checkpoint: str, out: str, train: str, clipping: str = "separate") -> N
     from verl.workers.utils.losses import ppo_loss
 
     import mtp.verl_fsdp as verl_fsdp
+    from mtp import MTP_LR_KEY
 
-    if clipping == "joint":  # the head's gradients clipped under the policy's norm
+    head_lrs = [float(o.removeprefix("head_lr=")) for o in options if o.startswith("head_lr=")]
+    extra = {MTP_LR_KEY: head_lrs[-1]} if head_lrs else None
+    if "joint" in options:  # the head's gradients clipped under the policy's norm
         verl_fsdp.MTPTrainingFSDPEngine.optimizer_step = verl_fsdp.FSDPEngineWithLMHead.optimizer_step
     model = HFModelConfig(
         path=checkpoint,
@@ -83,7 +87,9 @@ def main(checkpoint: str, out: str, train: str, clipping: str = "separate") -> N
         model_config=model,
         engine_config=FSDPEngineConfig(strategy="fsdp2", use_torch_compile=False, model_dtype="fp32"),
         # a clip norm that every step reaches, so joint clipping would change the policy's step
-        optimizer_config=FSDPOptimizerConfig(lr=1e-2, clip_grad=1e-3, total_training_steps=1),
+        optimizer_config=FSDPOptimizerConfig(
+            lr=1e-2, clip_grad=1e-3, total_training_steps=1, override_optimizer_config=extra
+        ),
         checkpoint_config=CheckpointConfig(),
     )
     engine.initialize()

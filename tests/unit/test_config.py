@@ -87,3 +87,17 @@ def test_cpu_trainer_keeps_freed_memory_for_reuse():
     from recipe.dapo.policy import keep_freed_memory_on_cpu
 
     assert keep_freed_memory_on_cpu() is (platform.libc_ver()[0] == "glibc")
+
+
+def test_spec_mtp_lr_reaches_verls_optimizer_for_an_online_head_only():
+    """veRL's optimizer config has one learning rate; the head's travels among its extra arguments, where
+    mtp/verl_fsdp.py takes it out (a frozen head has no optimizer; an A/B hands both modes the same overrides)."""
+    from mtp import MTP_LR_KEY
+    from recipe.dapo.config import spec_overrides
+
+    key = f"+actor_rollout_ref.actor.optim.override_optimizer_config.{MTP_LR_KEY}"
+    assert spec_overrides(config("spec=mtp", "spec.mtp.lr=0.001").spec)[key] == 0.001
+    assert key not in spec_overrides(config("spec=mtp").spec)
+    assert key not in spec_overrides(config("spec=mtp", "spec.mtp.train=frozen", "spec.mtp.lr=0.001").spec)
+    with pytest.raises(ConfigError, match=r"spec\.mtp\.lr"):
+        validate(config("spec=mtp", "spec.mtp.lr=0"))

@@ -273,11 +273,9 @@ def dapo_actor(model: MiMoForCausalLM, train: str, *overrides: str):
     return Actor(model, cfg)
 
 
-@pytest.mark.parametrize("tie", [False, True])
-def test_online_mtp_leaves_the_policys_update_exactly_as_a_frozen_head_does(tie):
-    """Two DAPO optimizer steps with gradient clipping active: the online head trains, and the policy's
-    parameters end bit for bit where the frozen run leaves them (fails if the MTP gradient shares the
-    policy's clipping norm, or if any MTP gradient reaches the trunk, embedding or LM head)."""
+def two_group_batch():
+    """A DAPO training batch of two groups of two responses with rewards +-1 (two ppo mini-batches under
+    UPDATE_OVERRIDES)."""
     from recipe.dapo.batch import build_batch
     from recipe.dapo.rollout import Response
     from recipe.data.loader import Problem
@@ -294,14 +292,25 @@ def test_online_mtp_leaves_the_policys_update_exactly_as_a_frozen_head_does(tie)
     rewards = torch.zeros(mask.shape)
     rewards[torch.arange(4), mask.sum(-1) - 1] = torch.tensor([1.0, -1.0, -1.0, 1.0])
     batch.batch["token_level_rewards"] = rewards
-    overrides = [
-        "actor_rollout_ref.rollout.n=2", "data.train_batch_size=2", "actor_rollout_ref.actor.ppo_mini_batch_size=1",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "actor_rollout_ref.actor.grad_clip=0.01",
-    ]  # fmt: skip
+    return batch
+
+
+UPDATE_OVERRIDES = [
+    "actor_rollout_ref.rollout.n=2", "data.train_batch_size=2", "actor_rollout_ref.actor.ppo_mini_batch_size=1",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "actor_rollout_ref.actor.grad_clip=0.01",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_online_mtp_leaves_the_policys_update_exactly_as_a_frozen_head_does(tie):
+    """Two DAPO optimizer steps with gradient clipping active: the online head trains, and the policy's
+    parameters end bit for bit where the frozen run leaves them (fails if the MTP gradient shares the
+    policy's clipping norm, or if any MTP gradient reaches the trunk, embedding or LM head)."""
+    batch = two_group_batch()
     base = tiny_model(tie)
     after, metrics = {}, {}
     for train in ("frozen", "online"):
-        actor = dapo_actor(copy.deepcopy(base), train, *overrides)
+        actor = dapo_actor(copy.deepcopy(base), train, *UPDATE_OVERRIDES)
         metrics[train] = actor.update(copy.deepcopy(batch), {})
         after[train] = actor.policy.state_dict()
     before = base.state_dict()
@@ -315,6 +324,29 @@ def test_online_mtp_leaves_the_policys_update_exactly_as_a_frozen_head_does(tie)
     online = metrics["online"]
     assert online["actor/grad_norm"] > 0.01 and online["mtp/grad_norm"] > 0.01, "both norms above grad_clip"
     assert online["actor/grad_norm"] == metrics["frozen"]["actor/grad_norm"]
+
+
+def test_spec_mtp_lr_sets_the_heads_step_and_leaves_the_policys():
+    """``spec.mtp.lr``: the MTP layer's own AdamW rate. Two optimizer steps from fresh moments move a parameter by
+    about its rate per step (AdamW's first steps are near lr * sign(grad)), so the head moves on the scale of
+    spec.mtp.lr (1e-2), a thousand times the actor's 1e-5 it moves without the key, while the policy's parameters
+    end exactly where they end without the key (fails if the key is ignored, or if it sets the policy's rate too)."""
+    batch = two_group_batch()
+    base = tiny_model(False)
+    after = {}
+    for head_lr in ("null", "0.01"):
+        actor = dapo_actor(copy.deepcopy(base), "online", *UPDATE_OVERRIDES, f"spec.mtp.lr={head_lr}")
+        actor.update(copy.deepcopy(batch), {})
+        after[head_lr] = actor.policy.state_dict()
+    moved = {
+        lr: max((after[lr][n] - v).abs().max().item() for n, v in base.state_dict().items() if "mtp_layers" in n)
+        for lr in after
+    }
+    assert 0.5 * 0.01 < moved["0.01"] < 3 * 0.01, moved
+    assert 0.5 * 1e-5 < moved["null"] < 3 * 1e-5, moved
+    for name, value in after["null"].items():
+        if "mtp_layers" not in name:
+            assert torch.equal(after["0.01"][name], value), name
 
 
 @pytest.mark.parametrize("cp", [1, 2, 4])
