@@ -101,3 +101,7 @@ def test_spec_mtp_lr_reaches_verls_optimizer_for_an_online_head_only():
     assert key not in spec_overrides(config("spec=mtp", "spec.mtp.train=frozen", "spec.mtp.lr=0.001").spec)
     with pytest.raises(ConfigError, match=r"spec\.mtp\.lr"):
         validate(config("spec=mtp", "spec.mtp.lr=0"))
+    megatron = ("spec=mtp", "backend=verl", "actor_rollout_ref.actor.strategy=megatron")
+    validate(config(*megatron))
+    with pytest.raises(ConfigError, match=r"spec\.mtp\.lr.*Megatron"):
+        validate(config(*megatron, "spec.mtp.lr=0.001"))
