@@ -52,7 +52,10 @@ def validate(cfg: DictConfig) -> None:
         _require(spec.mtp.loss_scaling_factor >= 0, "spec.mtp.loss_scaling_factor", "must be >= 0")
         _require(spec.mtp.lr is None or spec.mtp.lr > 0, "spec.mtp.lr", f"must be null or > 0, got {spec.mtp.lr}")
         _require(
-            spec.mtp.lr is None or cfg.backend != "verl" or cfg.actor_rollout_ref.actor.strategy != "megatron",
+            spec.mtp.lr is None
+            or spec.mtp.train != "online"
+            or cfg.backend != "verl"
+            or cfg.actor_rollout_ref.actor.strategy != "megatron",
             "spec.mtp.lr",
             "is for the local backend and veRL's FSDP actor (mtp/verl_fsdp.py); a Megatron actor trains the head with "
             "its own optimizer: leave it null",
