@@ -220,6 +220,37 @@ class MTPTrainingFSDPEngine(FSDPEngineWithLMHead):
         return grad_norm
 
 
+def cpu_actor_engine(checkpoint: str, train_head: bool, loss_scaling_factor: float, optimizer) -> FSDPEngineWithLMHead:
+    """veRL's FSDP2 actor engine for ``checkpoint`` built as the veRL backend's CPU actor builds it (fp32, SDPA,
+    padded layout), with the MTP head trained online or not and veRL's ``FSDPOptimizerConfig`` ``optimizer``;
+    initialized. For the tests and the overhead benchmark, which run one engine in a process of their own."""
+    from verl.trainer.config.config import CheckpointConfig
+    from verl.workers.config import FSDPEngineConfig, HFModelConfig
+    from verl.workers.config.model import MtpConfig
+
+    model = HFModelConfig(
+        path=str(checkpoint),
+        tokenizer_path=f"{checkpoint}/tokenizer",
+        use_remove_padding=False,
+        enable_gradient_checkpointing=False,
+        override_config={"attn_implementation": "sdpa"},
+        external_lib="mtp.verl_fsdp",
+        mtp=MtpConfig(
+            enable=True, enable_rollout=True, enable_train=train_head, mtp_loss_scaling_factor=loss_scaling_factor
+        ),
+    )
+    engine = EngineRegistry.new(
+        model_type="language_model",
+        backend="fsdp2",
+        model_config=model,
+        engine_config=FSDPEngineConfig(strategy="fsdp2", use_torch_compile=False, model_dtype="fp32"),
+        optimizer_config=optimizer,
+        checkpoint_config=CheckpointConfig(),
+    )
+    engine.initialize()
+    return engine
+
+
 # Python imports a module once per process, so this registers once
 EngineRegistry.register(
     model_type="language_model", backend=["fsdp", "fsdp2"], device=get_device_name(), vendor=get_vendor()

@@ -87,16 +87,13 @@ def verl_updates(checkpoint: Path, batch, cfg) -> dict[str, Callable[[], None]]:
 
     import torch
     from tensordict import TensorDict
-    from verl.trainer.config.config import CheckpointConfig
     from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
     from verl.utils import tensordict_utils as tu
-    from verl.workers.config import ActorConfig, FSDPEngineConfig, FSDPOptimizerConfig, HFModelConfig
-    from verl.workers.config.model import MtpConfig
-    from verl.workers.engine.base import EngineRegistry
+    from verl.workers.config import ActorConfig, FSDPOptimizerConfig
     from verl.workers.utils.losses import ppo_loss
     from verl.workers.utils.padding import left_right_2_no_padding
 
-    import mtp.verl_fsdp  # noqa: F401  (registers the engine that trains the head online)
+    from mtp.verl_fsdp import cpu_actor_engine
 
     actor_cfg = cfg.actor_rollout_ref.actor
     n = int(cfg.actor_rollout_ref.rollout.n)
@@ -135,28 +132,12 @@ def verl_updates(checkpoint: Path, batch, cfg) -> dict[str, Callable[[], None]]:
     )  # fmt: skip
     updates = {}
     for mode in MODES:
-        model = HFModelConfig(
-            path=str(checkpoint),
-            tokenizer_path=f"{checkpoint}/tokenizer",
-            use_remove_padding=False,
-            enable_gradient_checkpointing=False,
-            override_config={"attn_implementation": "sdpa"},
-            mtp=MtpConfig(
-                enable=True, enable_rollout=True, enable_train=mode == "online",
-                mtp_loss_scaling_factor=float(cfg.spec.mtp.loss_scaling_factor),
-            ),
-        )  # fmt: skip
-        engine = EngineRegistry.new(
-            model_type="language_model",
-            backend="fsdp2",
-            model_config=model,
-            engine_config=FSDPEngineConfig(strategy="fsdp2", use_torch_compile=False, model_dtype="fp32"),
-            optimizer_config=FSDPOptimizerConfig(
+        engine = cpu_actor_engine(
+            checkpoint, mode == "online", float(cfg.spec.mtp.loss_scaling_factor),
+            FSDPOptimizerConfig(
                 lr=float(actor_cfg.optim.lr), clip_grad=float(actor_cfg.grad_clip), total_training_steps=1000
             ),
-            checkpoint_config=CheckpointConfig(),
-        )
-        engine.initialize()
+        )  # fmt: skip
 
         def update(engine=engine) -> None:
             with engine.train_mode():

@@ -58,11 +58,8 @@ def main(checkpoint: str, out: str, train: str, *options: str) -> None:
 
     from functools import partial
 
-    from verl.trainer.config.config import CheckpointConfig
     from verl.utils import tensordict_utils as tu
-    from verl.workers.config import ActorConfig, FSDPEngineConfig, FSDPOptimizerConfig, HFModelConfig
-    from verl.workers.config.model import MtpConfig
-    from verl.workers.engine.base import EngineRegistry
+    from verl.workers.config import ActorConfig, FSDPOptimizerConfig
     from verl.workers.utils.losses import ppo_loss
 
     import mtp.verl_fsdp as verl_fsdp
@@ -72,27 +69,13 @@ def main(checkpoint: str, out: str, train: str, *options: str) -> None:
     extra = {MTP_LR_KEY: head_lrs[-1]} if head_lrs else None
     if "joint" in options:  # the head's gradients clipped under the policy's norm
         verl_fsdp.MTPTrainingFSDPEngine.optimizer_step = verl_fsdp.FSDPEngineWithLMHead.optimizer_step
-    model = HFModelConfig(
-        path=checkpoint,
-        tokenizer_path=f"{checkpoint}/tokenizer",
-        use_remove_padding=False,
-        enable_gradient_checkpointing=False,
-        override_config={"attn_implementation": "sdpa"},
-        external_lib="mtp.verl_fsdp",
-        mtp=MtpConfig(enable=True, enable_rollout=True, enable_train=train == "online", mtp_loss_scaling_factor=0.2),
-    )
-    engine = EngineRegistry.new(
-        model_type="language_model",
-        backend="fsdp2",
-        model_config=model,
-        engine_config=FSDPEngineConfig(strategy="fsdp2", use_torch_compile=False, model_dtype="fp32"),
+    engine = verl_fsdp.cpu_actor_engine(
+        checkpoint,
+        train == "online",
+        0.2,
         # a clip norm that every step reaches, so joint clipping would change the policy's step
-        optimizer_config=FSDPOptimizerConfig(
-            lr=1e-2, clip_grad=1e-3, total_training_steps=1, override_optimizer_config=extra
-        ),
-        checkpoint_config=CheckpointConfig(),
+        FSDPOptimizerConfig(lr=1e-2, clip_grad=1e-3, total_training_steps=1, override_optimizer_config=extra),
     )
-    engine.initialize()
     actor = ActorConfig(
         strategy="fsdp2", rollout_n=4, ppo_mini_batch_size=1, ppo_micro_batch_size_per_gpu=2, use_dynamic_bsz=False,
         clip_ratio_low=0.2, clip_ratio_high=0.28, loss_agg_mode="token-mean",
