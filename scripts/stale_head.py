@@ -20,8 +20,6 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-MTP_PREFIX = "model.mtp_layers."
-
 
 def main() -> None:
     from omegaconf import OmegaConf
@@ -45,11 +43,10 @@ def main() -> None:
     early = ensure_base_model(early_cfg)
     if load_tokenizer(early).get_vocab() != load_tokenizer(final).get_vocab():
         raise SystemExit(f"{early} and {final} have different tokenizers: the head cannot be moved between them")
-    model = load_checkpoint(final)
-    head = {k: v for k, v in load_checkpoint(early).state_dict().items() if k.startswith(MTP_PREFIX)}
-    if not head:
-        raise SystemExit(f"{early} has no MTP layer ({MTP_PREFIX}*)")
-    model.load_state_dict(head, strict=False)
+    model, head_model = load_checkpoint(final), load_checkpoint(early)
+    if len(head_model.model.mtp_layers) == 0:
+        raise SystemExit(f"{early} has no MTP layer")
+    model.model.mtp_layers.load_state_dict(head_model.model.mtp_layers.state_dict())
     out = save_checkpoint(
         model,
         load_tokenizer(final),
