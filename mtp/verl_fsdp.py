@@ -144,8 +144,9 @@ class MTPTrainingFSDPEngine(FSDPEngineWithLMHead):
         finally:
             AutoModelForCausalLM.register(Qwen2Config, Qwen2ForCausalLM, exist_ok=True)
 
-    def _model(self) -> MiMoMTPForCausalLM:
-        return getattr(self.module, "_fsdp_wrapped_module", self.module)
+    def _model(self, module: nn.Module | None = None) -> MiMoMTPForCausalLM:
+        module = self.module if module is None else module
+        return getattr(module, "_fsdp_wrapped_module", module)
 
     def _build_optimizer(self, module):
         """veRL's optimizer; with ``mtp_lr`` among its extra arguments, the MTP layer in a group of that learning
@@ -157,11 +158,12 @@ class MTPTrainingFSDPEngine(FSDPEngineWithLMHead):
         if head_lr is None:
             return super()._build_optimizer(module)
         config = dataclasses.replace(self.optimizer_config, override_optimizer_config=extra or None)
-        named = list(module.named_parameters())
-        head = [p for name, p in named if ".mtp_layers." in f".{name}"]
+        layers = getattr(self._model(module).model, "mtp_layers", None)
+        head = list(layers.parameters()) if layers is not None else []
         if not head:
             raise ValueError(f"{MTP_LR_KEY}={head_lr} is set but the actor's model has no MTP layer (model.mtp_layers)")
-        trunk = [p for name, p in named if ".mtp_layers." not in f".{name}"]
+        head_ids = {id(p) for p in head}
+        trunk = [p for p in module.parameters() if id(p) not in head_ids]
         return build_optimizer([{"params": trunk}, {"params": head, "lr": float(head_lr)}], config)
 
     def _head_parameters(self) -> list[torch.nn.Parameter]:
