@@ -54,6 +54,25 @@ MODES: dict[str, list[str]] = {
     "mtp_online": ["spec=mtp", "spec.mtp.train=online"],
 }
 ALPHA = 0.01
+# The configuration the committed A/Bs ran (results/ab/cpu200, drift_*, stale_head_*): the default before the demo
+# moved to prompts the base model never saw (results/demo, "Before"): the first 256 prompts of the base model's SFT
+# train split (data.train_files, added at run time), 8 groups per step, 4 optimizer steps per rollout, constant lr.
+EARLIER_DEFAULT = (
+    "data.train_max_samples=256", "data.val_max_samples=128", "data.train_batch_size=8", "data.gen_batch_size=12",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.optim.lr=1e-5",
+    "actor_rollout_ref.actor.optim.lr_scheduler_type=constant", "trainer.total_training_steps=200",
+    "trainer.test_freq=50", "trainer.save_freq=25",
+)  # fmt: skip
+
+
+def earlier_default() -> list[str]:
+    """:data:`EARLIER_DEFAULT` with the embedded base model's SFT train split (built once if missing)."""
+    from omegaconf import OmegaConf
+
+    from recipe.sft.train import ensure_base_model
+
+    train = ensure_base_model(OmegaConf.load(REPO_ROOT / "configs" / "sft.yaml")).parent / "data" / "train.parquet"
+    return [f"data.train_files={train}", *EARLIER_DEFAULT]
 
 
 def total_steps(overrides: list[str]) -> int:
@@ -521,9 +540,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--chunk-steps",
         type=int,
-        default=50,
+        default=40,
         help="modes take turns every this many training steps (0: each mode runs through at once); a multiple of "
         "trainer.test_freq and trainer.save_freq keeps evaluations and checkpoints where an uninterrupted run has them",
+    )
+    parser.add_argument(
+        "--earlier-default",
+        action="store_true",
+        help="run the configuration of the committed A/Bs (EARLIER_DEFAULT; the overrides given still apply)",
     )
     args, overrides = parser.parse_known_args(argv)
     modes = args.modes.split(",")
@@ -534,6 +558,8 @@ def main(argv: list[str] | None = None) -> None:
     if bad:
         parser.error(f"not a Hydra override (key=value): {bad}")
     runs_root, out_root = Path(args.runs_root), Path(args.out_root)
+    if args.earlier_default:
+        overrides = [*earlier_default(), *overrides]
     if not args.report_only:
         run_modes(args.name, modes, overrides, runs_root, args.chunk_steps)
     given = argv if argv is not None else sys.argv[1:]

@@ -55,7 +55,7 @@ def main() -> None:
     )
     data = final.parent / "data"
     command = [
-        ".venv/bin/python", "scripts/ab.py", "--name", "stale_head_s0", "--modes", "mtp_frozen,mtp_online",
+        ".venv/bin/python", "scripts/ab.py", "--name", "stale_head_s0", "--modes", "mtp_frozen,mtp_online", "--earlier-default",
         "recipe.progress_bar=false", f"actor_rollout_ref.model.path={out}", f"data.train_files={data / 'train.parquet'}",
         f"data.val_files={data / 'test.parquet'}", "trainer.total_training_steps=100", "data.seed=0",
     ]  # fmt: skip

@@ -22,18 +22,26 @@ CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 
 
 def resolve_inputs(cfg: DictConfig) -> tuple[str, str, str]:
-    """Model path, train file and val file; the embedded base model (built once, cached) fills the gaps. A dry
-    run names where it will be and builds nothing."""
+    """Model path, train file and val file; the embedded base model (built once, cached) and its unseen RL
+    prompts (``recipe.rl_prompts``) fill the gaps. A dry run names where they will be and builds nothing."""
     model = cfg.actor_rollout_ref.model.path
     train, val = cfg.data.train_files, cfg.data.val_files
     if model is None or train is None or val is None:
+        from recipe.dapo.data import write_unseen_prompts
+        from recipe.data.task import TaskConfig
         from recipe.sft.train import base_model_path, ensure_base_model
 
         base_cfg = OmegaConf.load(CONFIG_DIR / f"{cfg.recipe.base_model}.yaml")
         ckpt = base_model_path(base_cfg) if cfg.recipe.dry_run else ensure_base_model(base_cfg)
+        data = ckpt.parent / "data"
         model = model or str(ckpt)
-        train = train or str(ckpt.parent / "data" / "train.parquet")
-        val = val or str(ckpt.parent / "data" / "test.parquet")
+        val = val or str(data / "test.parquet")
+        if train is None:
+            rl = cfg.recipe.rl_prompts
+            train = data / f"rl_prompts_seed{rl.seed}_num{rl.num}_max{rl.max_terms}.parquet"
+            if not cfg.recipe.dry_run:
+                task = TaskConfig(**OmegaConf.to_container(base_cfg.data.task, resolve=True))
+                write_unseen_prompts(train, data, rl.num, rl.seed, rl.max_terms, task)
     return str(model), str(train), str(val)
 
 

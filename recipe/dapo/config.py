@@ -94,12 +94,21 @@ def validate(cfg: DictConfig) -> None:
         if data[key] is not None:
             _require(Path(data[key]).is_file(), f"data.{key}", f"file {data[key]} does not exist")
 
+    rl_prompts = cfg.recipe.rl_prompts
+    _require(rl_prompts.num >= 1, "recipe.rl_prompts.num", f"must be >= 1, got {rl_prompts.num}")
+    _require(rl_prompts.max_terms >= 2, "recipe.rl_prompts.max_terms", f"must be >= 2, got {rl_prompts.max_terms}")
+
     actor = cfg.actor_rollout_ref.actor
     _require(actor.ppo_mini_batch_size >= 1, "actor_rollout_ref.actor.ppo_mini_batch_size", "must be >= 1")
     _require(
         data.train_batch_size % actor.ppo_mini_batch_size == 0,
         "actor_rollout_ref.actor.ppo_mini_batch_size",
         f"must divide data.train_batch_size ({actor.ppo_mini_batch_size} does not divide {data.train_batch_size})",
+    )
+    _require(
+        actor.optim.lr_scheduler_type in ("constant", "cosine"),
+        "actor_rollout_ref.actor.optim.lr_scheduler_type",
+        f"must be constant or cosine (veRL's FSDP schedules), got {actor.optim.lr_scheduler_type!r}",
     )
     _require(
         actor.ppo_micro_batch_size_per_gpu >= 1, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "must be >= 1"

@@ -1,16 +1,56 @@
-"""Prompt stream for DAPO rounds: seeded epoch shuffles with a resumable cursor."""
+"""DAPO's prompts: the embedded task's unseen RL prompts, and the stream of rounds (seeded epoch shuffles with a
+resumable cursor)."""
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from recipe.data.loader import Problem, load_problems
+from recipe.data.task import TaskConfig, generate_rows
 from recipe.sft.train import encode_prompt
 
 logger = logging.getLogger(__name__)
+
+
+def num_terms(row: dict) -> int:
+    """How many numbers an embedded-task problem adds (the first line of its reference restates them)."""
+    return len(row["extra_info"]["solution"].splitlines()[0].split()) - 1
+
+
+def write_unseen_prompts(
+    out: str | Path, data_dir: str | Path, num: int, seed: int, max_terms: int, task: TaskConfig = TaskConfig()
+) -> Path:
+    """RL prompts the base model never saw: ``num`` problems from ``seed`` minus every problem of the SFT train
+    split and of the test split in ``data_dir``, of at most ``max_terms`` numbers. Train and test share the
+    generator, so nearly all short problems (2 and 3 terms: 81 and 729 lists) are in train and the unseen ones are
+    longer, as the test split's are: RL on them shows what transfers to held-out problems, not how it sharpens
+    problems SFT already fitted. Written once (atomically) and reused."""
+    out = Path(out)
+    if out.is_file():
+        return out
+    seen = {
+        messages[0]["content"]
+        for split in ("train", "test")
+        for messages in pd.read_parquet(Path(data_dir) / f"{split}.parquet")["prompt"]
+    }
+    rows = [
+        r
+        for r in generate_rows(num, seed=seed, split="train", cfg=task)
+        if r["prompt"][0]["content"] not in seen and num_terms(r) <= max_terms
+    ]
+    if not rows:
+        raise ValueError(f"no unseen problems of at most {max_terms} terms among {num} generated with seed {seed}")
+    for index, row in enumerate(rows):
+        row["extra_info"]["index"] = index
+    tmp = out.with_suffix(".parquet.tmp")
+    pd.DataFrame(rows).to_parquet(tmp, index=False)
+    tmp.replace(out)
+    return out
 
 
 def load_prompts(

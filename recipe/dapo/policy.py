@@ -124,6 +124,28 @@ def forward_rows(model: MiMoForCausalLM, batch, temperature: float, with_mtp: bo
     )
 
 
+def verl_lr_scheduler(optimizer: torch.optim.Optimizer, optim: DictConfig, total_steps: int):
+    """The learning-rate schedule veRL's FSDP engine builds from ``actor.optim`` (``lr_warmup_steps``, else
+    ``lr_warmup_steps_ratio`` of the run; ``lr_scheduler_type`` constant | cosine with ``min_lr_ratio`` and
+    ``num_cycles``), from veRL's schedule functions, so both backends follow one schedule. Stepped once per
+    training step, as veRL's actor worker does; it scales every parameter group alike (an online MTP head's too)."""
+    from verl.utils.torch_functional import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
+
+    warmup = optim.lr_warmup_steps
+    if warmup is None or warmup <= 0:
+        warmup = int(optim.lr_warmup_steps_ratio * total_steps)
+    if optim.lr_scheduler_type == "constant":
+        return get_constant_schedule_with_warmup(optimizer, num_warmup_steps=warmup)
+    return get_cosine_schedule_with_warmup(
+        optimizer,
+        num_warmup_steps=warmup,
+        num_training_steps=total_steps,
+        min_lr_ratio=optim.min_lr_ratio,
+        num_cycles=optim.num_cycles,
+        zero_indexed_step=optim.zero_indexed_step,
+    )
+
+
 class Actor:
     """The in-process policy and its AdamW: old log-probs, veRL's GRPO advantage and DAPO policy loss over
     ppo mini-batches, and the online MTP loss on the same forward (``spec=mtp``, ``spec.mtp.train=online``).
@@ -155,6 +177,7 @@ class Actor:
             betas=tuple(actor.optim.betas),
             weight_decay=actor.optim.weight_decay,
         )
+        self.lr_scheduler = verl_lr_scheduler(self.optimizer, actor.optim, cfg.trainer.total_training_steps)
         self.policy_loss_fn = get_policy_loss_fn("vanilla")
         self.actor_cfg = ActorConfig(
             strategy="fsdp",
@@ -251,5 +274,6 @@ class Actor:
                         sums.setdefault("mtp/grad_norm", []).append(float(mtp_norm))
                     self.optimizer.step()
         metrics = {k: float(np.mean(v)) for k, v in sums.items()}
-        metrics["actor/lr"] = actor.optim.lr
+        metrics["actor/lr"] = self.lr_scheduler.get_last_lr()[0]
+        self.lr_scheduler.step()
         return metrics

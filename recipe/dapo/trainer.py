@@ -127,8 +127,8 @@ class DAPOTrainer:
     # -- checkpoints ----------------------------------------------------------------------------------
 
     def save(self) -> Path:
-        """``global_step_N/`` in the run directory (as veRL): fp32 HF policy, optimizer, cursor, RNG and drafter
-        memory."""
+        """``global_step_N/`` in the run directory (as veRL): fp32 HF policy, optimizer and its schedule, cursor,
+        RNG and drafter memory."""
         path = self.out_dir / f"global_step_{self.global_step}"
         tmp = path.with_name(path.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
@@ -137,6 +137,7 @@ class DAPOTrainer:
         state = {
             "global_step": self.global_step,
             "optimizer": self.actor.optimizer.state_dict(),
+            "lr_scheduler": self.actor.lr_scheduler.state_dict(),
             "cursor": (self.stream.cursor.epoch, self.stream.cursor.position),
             "torch_rng": torch.get_rng_state(),
             "numpy_rng": np.random.get_state(),
@@ -160,6 +161,7 @@ class DAPOTrainer:
         self.policy.load_state_dict(resumed.state_dict())
         state = torch.load(path / "trainer_state.pt", weights_only=False)
         self.actor.optimizer.load_state_dict(state["optimizer"])
+        self.actor.lr_scheduler.load_state_dict(state["lr_scheduler"])
         self.stream.cursor.epoch, self.stream.cursor.position = state["cursor"]
         torch.set_rng_state(state["torch_rng"])
         np.random.set_state(state["numpy_rng"])

@@ -59,10 +59,13 @@ def comparable(rows: list[dict]) -> list[dict]:
 
 
 def test_two_step_job_then_kill_and_resume_matches_uninterrupted(harness_model, tmp_path):
+    # a learning rate that differs at every step
+    warmup = ("actor_rollout_ref.actor.optim.lr=1e-5", "actor_rollout_ref.actor.optim.lr_warmup_steps=3")
     full = tmp_path / "full"
-    run_job(run_args(harness_model, full, 3), full)
+    run_job(run_args(harness_model, full, 3, *warmup), full)
     rows = metrics(full)
     assert [r["step"] for r in rows] == [1, 2, 3]
+    assert [r["actor/lr"] for r in rows] == pytest.approx([0.0, 1e-5 / 3, 2e-5 / 3])  # veRL's warmup from 0
     for key in (
         "critic/score/mean",
         "response_length/mean",
@@ -92,7 +95,7 @@ def test_two_step_job_then_kill_and_resume_matches_uninterrupted(harness_model, 
     assert not vllm_info, vllm_info[:5]
 
     killed = tmp_path / "killed"
-    proc = subprocess.Popen(run_args(harness_model, killed, 3), cwd=REPO, stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen(run_args(harness_model, killed, 3, *warmup), cwd=REPO, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
     latest = killed / "latest_checkpointed_iteration.txt"
     deadline = time.time() + 600
@@ -101,7 +104,7 @@ def test_two_step_job_then_kill_and_resume_matches_uninterrupted(harness_model, 
         time.sleep(0.5)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    run_job(run_args(harness_model, killed, 3), killed)
+    run_job(run_args(harness_model, killed, 3, *warmup), killed)
     resumed = metrics(killed)
     assert [r["step"] for r in resumed] == [1, 2, 3]
     assert comparable(resumed) == comparable(rows)  # same seed: same metrics, with or without the kill

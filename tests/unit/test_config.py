@@ -73,6 +73,8 @@ def test_unknown_key_is_named():
         ("recipe.drift_probe.prompts=-1", "recipe.drift_probe.prompts"),
         ("actor_rollout_ref.rollout.val_kwargs.n=0", "actor_rollout_ref.rollout.val_kwargs.n"),
         ("trainer.logger=[console]", "trainer.logger"),  # metrics.jsonl is built from the file backend
+        ("recipe.rl_prompts.max_terms=1", "recipe.rl_prompts.max_terms"),
+        ("actor_rollout_ref.actor.optim.lr_scheduler_type=linear", "actor_rollout_ref.actor.optim.lr_scheduler_type"),
     ],
 )
 def test_bad_values_fail_before_work_naming_the_key(override, key):

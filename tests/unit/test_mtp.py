@@ -298,6 +298,7 @@ def two_group_batch():
 UPDATE_OVERRIDES = [
     "actor_rollout_ref.rollout.n=2", "data.train_batch_size=2", "actor_rollout_ref.actor.ppo_mini_batch_size=1",
     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "actor_rollout_ref.actor.grad_clip=0.01",
+    "actor_rollout_ref.actor.optim.lr=1e-5", "actor_rollout_ref.actor.optim.lr_scheduler_type=constant",
 ]  # fmt: skip
 
 

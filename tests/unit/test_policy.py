@@ -61,3 +61,43 @@ def test_token_mean_weighs_every_token_of_the_batch_alike():
     loss.backward()
     expected = -mask.double() / 5  # d(-ratio * A)/d log_prob = -1 at ratio 1, A = 1
     assert torch.allclose(log_prob.grad, expected)
+
+
+@pytest.mark.parametrize(
+    "schedule",
+    [
+        ["actor_rollout_ref.actor.optim.lr_warmup_steps=3"],
+        ["actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.25", "actor_rollout_ref.actor.optim.lr_scheduler_type=cosine",
+         "actor_rollout_ref.actor.optim.min_lr_ratio=0.1"],
+    ],
+)  # fmt: skip
+def test_learning_rate_follows_verls_fsdp_schedule_step_by_step(schedule):
+    """The local actor's learning rate, training step by training step, is the one veRL's FSDP engine builds from
+    the same ``actor.optim`` keys (its ``_build_lr_scheduler``, stepped once per training step by veRL's actor
+    worker). Each update here is two optimizer steps (two ppo mini-batches). Fails if warmup or the cosine decay is
+    ignored, or if the schedule steps per optimizer step."""
+    from types import SimpleNamespace
+
+    from omegaconf import OmegaConf
+    from test_mtp import UPDATE_OVERRIDES, tiny_model, two_group_batch
+    from verl.utils.config import omega_conf_to_dataclass
+    from verl.workers.engine.fsdp.transformer_impl import FSDPEngine
+
+    from recipe.dapo.policy import Actor
+
+    steps = 8
+    with initialize_config_dir(config_dir=CONFIGS, version_base=None):
+        cfg = compose(config_name="dapo", overrides=[*UPDATE_OVERRIDES, "actor_rollout_ref.actor.optim.lr=1e-3",
+                                                     f"trainer.total_training_steps={steps}", *schedule])  # fmt: skip
+    a = Actor(tiny_model(), cfg)
+    optim = omega_conf_to_dataclass(OmegaConf.merge(cfg.actor_rollout_ref.actor.optim, {"total_training_steps": steps}))
+    reference_optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=1e-3)
+    reference = FSDPEngine._build_lr_scheduler(SimpleNamespace(optimizer_config=optim, rank=1), reference_optimizer)
+    batch = two_group_batch()
+    ours, verls = [], []
+    for _ in range(steps):
+        ours.append(a.update(batch[:], {})["actor/lr"])
+        verls.append(reference.get_last_lr()[0])
+        reference.step()
+    assert ours == pytest.approx(verls, abs=0)
+    assert len(set(ours)) > 3 and ours[0] < ours[3]  # the schedule moves and warms up
