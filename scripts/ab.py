@@ -75,11 +75,11 @@ def earlier_default() -> list[str]:
     return [f"data.train_files={train}", *EARLIER_DEFAULT]
 
 
-def total_steps(overrides: list[str]) -> int:
+def composed(overrides: list[str]):
     from hydra import compose, initialize_config_dir
 
     with initialize_config_dir(config_dir=str(REPO_ROOT / "configs"), version_base=None):
-        return int(compose(config_name="dapo", overrides=overrides).trainer.total_training_steps)
+        return compose(config_name="dapo", overrides=overrides)
 
 
 def chunk_ends(steps: int, chunk_steps: int) -> list[int]:
@@ -93,7 +93,15 @@ def chunk_ends(steps: int, chunk_steps: int) -> list[int]:
 def run_modes(name: str, modes: list[str], overrides: list[str], runs_root: Path, chunk_steps: int) -> None:
     """Each mode in its own ``python -m recipe.dapo`` process, modes taking turns chunk by chunk; finished modes
     are skipped, killed ones resume."""
-    steps = total_steps([*overrides, *MODES[modes[0]]])  # with a mode's spec group, which overrides may set
+    cfg = composed([*overrides, *MODES[modes[0]]])  # with a mode's spec group, which overrides may set
+    steps = int(cfg.trainer.total_training_steps)
+    optim = cfg.actor_rollout_ref.actor.optim
+    if cfg.backend == "verl" and len(chunk_ends(steps, chunk_steps)) > 1 and optim.lr_scheduler_type != "constant":
+        raise SystemExit(
+            "[ab] veRL's trainer spans the learning-rate schedule over each turn's trainer.total_training_steps, so "
+            "turns would change a cosine schedule: run backend=verl A/Bs with --chunk-steps 0 or "
+            "actor_rollout_ref.actor.optim.lr_scheduler_type=constant"
+        )
     overrides = [o for o in overrides if not o.startswith("trainer.total_training_steps=")]
     pending = []
     for mode in modes:
@@ -112,6 +120,7 @@ def run_modes(name: str, modes: list[str], overrides: list[str], runs_root: Path
                 *overrides,
                 *MODES[mode],
                 f"trainer.total_training_steps={end}",
+                f"actor_rollout_ref.actor.optim.total_training_steps={steps}",  # the whole run's lr schedule
                 f"trainer.default_local_dir={run_dir}",
                 f"hydra.run.dir={run_dir}/hydra",
                 f"trainer.experiment_name={mode}",

@@ -124,13 +124,16 @@ def forward_rows(model: MiMoForCausalLM, batch, temperature: float, with_mtp: bo
     )
 
 
-def verl_lr_scheduler(optimizer: torch.optim.Optimizer, optim: DictConfig, total_steps: int):
+def verl_lr_scheduler(optimizer: torch.optim.Optimizer, optim: DictConfig, run_steps: int):
     """The learning-rate schedule veRL's FSDP engine builds from ``actor.optim`` (``lr_warmup_steps``, else
     ``lr_warmup_steps_ratio`` of the run; ``lr_scheduler_type`` constant | cosine with ``min_lr_ratio`` and
     ``num_cycles``), from veRL's schedule functions, so both backends follow one schedule. Stepped once per
-    training step, as veRL's actor worker does; it scales every parameter group alike (an online MTP head's too)."""
+    training step, as veRL's actor worker does; it scales every parameter group alike (an online MTP head's too).
+    The schedule spans ``optim.total_training_steps`` where set (> 0; veRL's trainer sets it to the run's steps), else
+    the run's ``run_steps``: a run stopped early on purpose (an A/B turn) keeps the whole run's schedule."""
     from verl.utils.torch_functional import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
 
+    total_steps = optim.total_training_steps if optim.total_training_steps > 0 else run_steps
     warmup = optim.lr_warmup_steps
     if warmup is None or warmup <= 0:
         warmup = int(optim.lr_warmup_steps_ratio * total_steps)

@@ -69,13 +69,17 @@ def test_token_mean_weighs_every_token_of_the_batch_alike():
         ["actor_rollout_ref.actor.optim.lr_warmup_steps=3"],
         ["actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.25", "actor_rollout_ref.actor.optim.lr_scheduler_type=cosine",
          "actor_rollout_ref.actor.optim.min_lr_ratio=0.1"],
+        # an A/B turn: the run stops at step 3 of 8 and keeps the whole run's schedule
+        ["actor_rollout_ref.actor.optim.lr_scheduler_type=cosine", "trainer.total_training_steps=3",
+         "actor_rollout_ref.actor.optim.total_training_steps=8"],
     ],
 )  # fmt: skip
 def test_learning_rate_follows_verls_fsdp_schedule_step_by_step(schedule):
     """The local actor's learning rate, training step by training step, is the one veRL's FSDP engine builds from
     the same ``actor.optim`` keys (its ``_build_lr_scheduler``, stepped once per training step by veRL's actor
     worker). Each update here is two optimizer steps (two ppo mini-batches). Fails if warmup or the cosine decay is
-    ignored, or if the schedule steps per optimizer step."""
+    ignored, if the schedule steps per optimizer step, or if a run stopped early ignores ``optim.total_training_steps``
+    (an A/B turn would then decay faster than the whole run)."""
     from types import SimpleNamespace
 
     from omegaconf import OmegaConf
@@ -100,4 +104,4 @@ def test_learning_rate_follows_verls_fsdp_schedule_step_by_step(schedule):
         verls.append(reference.get_last_lr()[0])
         reference.step()
     assert ours == pytest.approx(verls, abs=0)
-    assert len(set(ours)) > 3 and ours[0] < ours[3]  # the schedule moves and warms up
+    assert len(set(ours)) > 3  # the schedule moves
