@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from scipy import stats
 
 from recipe.dapo.report import held_out_keys, read_history
@@ -75,7 +75,8 @@ def earlier_default() -> list[str]:
     return [f"data.train_files={train}", *EARLIER_DEFAULT]
 
 
-def composed(overrides: list[str]):
+def composed(overrides: list[str]) -> DictConfig:
+    """The recipe's config with ``overrides``, as ``python -m recipe.dapo`` composes it."""
     from hydra import compose, initialize_config_dir
 
     with initialize_config_dir(config_dir=str(REPO_ROOT / "configs"), version_base=None):

@@ -124,7 +124,9 @@ def forward_rows(model: MiMoForCausalLM, batch, temperature: float, with_mtp: bo
     )
 
 
-def verl_lr_scheduler(optimizer: torch.optim.Optimizer, optim: DictConfig, run_steps: int):
+def verl_lr_scheduler(
+    optimizer: torch.optim.Optimizer, optim: DictConfig, run_steps: int
+) -> torch.optim.lr_scheduler.LambdaLR:
     """The learning-rate schedule veRL's FSDP engine builds from ``actor.optim`` (``lr_warmup_steps``, else
     ``lr_warmup_steps_ratio`` of the run; ``lr_scheduler_type`` constant | cosine with ``min_lr_ratio`` and
     ``num_cycles``), from veRL's schedule functions, so both backends follow one schedule. Stepped once per
