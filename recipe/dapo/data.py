@@ -17,9 +17,10 @@ from recipe.sft.train import encode_prompt
 logger = logging.getLogger(__name__)
 
 
-def num_terms(row: dict) -> int:
-    """How many numbers an embedded-task problem adds (the first line of its reference restates them)."""
-    return len(row["extra_info"]["solution"].splitlines()[0].split()) - 1
+def num_terms(solution: str) -> int:
+    """How many numbers an embedded-task problem adds, from its reference solution (whose first line restates
+    them)."""
+    return len(solution.splitlines()[0].split()) - 1
 
 
 def write_unseen_prompts(
@@ -41,7 +42,7 @@ def write_unseen_prompts(
     rows = [
         r
         for r in generate_rows(num, seed=seed, split="train", cfg=task)
-        if r["prompt"][0]["content"] not in seen and num_terms(r) <= max_terms
+        if r["prompt"][0]["content"] not in seen and num_terms(r["extra_info"]["solution"]) <= max_terms
     ]
     if not rows:
         raise ValueError(f"no unseen problems of at most {max_terms} terms among {num} generated with seed {seed}")
