@@ -15,14 +15,17 @@ if TYPE_CHECKING:
 
 SPEC_METHODS = ("off", "ngram", "suffix", "sam", "mtp")
 SAM_PROPOSER_CLASS = "sam.vllm.SAMProposer"
+K_BY_BATCH_KEY = "num_speculative_tokens_per_batch_size"  # vLLM's [(first, last, K), ...] live-batch schedule of K
 VLLM_METHOD_KEYS = {  # the spec group's keys that are vLLM speculative_config keys, per method (configs/spec/*.yaml)
-    "ngram": ("prompt_lookup_min", "prompt_lookup_max"),
+    "ngram": ("prompt_lookup_min", "prompt_lookup_max", K_BY_BATCH_KEY),
     "suffix": (
         "suffix_decoding_max_tree_depth",
         "suffix_decoding_max_cached_requests",
         "suffix_decoding_max_spec_factor",
         "suffix_decoding_min_token_prob",
+        K_BY_BATCH_KEY,
     ),
+    "sam": (K_BY_BATCH_KEY,),  # vLLM does not pass it to a custom_class proposer: sam.vllm.SAMProposer reads it
 }
 
 
@@ -64,7 +67,7 @@ def spec_from_config(spec: DictConfig) -> tuple[dict | None, dict | None]:
     if method == "off":
         return None, None
     group = OmegaConf.to_container(spec, resolve=True)
-    opts = {k: group[k] for k in VLLM_METHOD_KEYS.get(method, ()) if k in group}
+    opts = {k: group[k] for k in VLLM_METHOD_KEYS.get(method, ()) if group.get(k) is not None}
     cfg = speculative_config(method, int(spec.num_speculative_tokens), **opts)
     extra = {"sam": group["sam"]} if method == "sam" else None
     return cfg, extra

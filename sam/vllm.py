@@ -38,12 +38,27 @@ class SAMProposer:
         extra = getattr(vllm_config, "additional_config", None) or {}
         self.options = SAMOptions.from_dict(extra.get("sam"))
         self.drafter = BatchDrafter(self.options, self.k)
+        self.k_by_batch = self._k_by_batch(vllm_config)
         self.runner = None  # vLLM's model runner (attach_runner): request ids per row, unfinished requests
         self.slot_of: dict[str, int] = {}  # request id -> drafter slot, in the order requests started
         self.steps = 0
         self.gated_steps = 0
         self.preempted_steps = 0  # request-steps spent preempted (row missing, request kept)
         logger.info("SAMProposer: K=%d options=%s", self.k, self.options)
+
+    def _k_by_batch(self, vllm_config) -> np.ndarray | None:
+        """K per live batch size from vLLM's ``num_speculative_tokens_per_batch_size`` (None: K at every size).
+
+        vLLM's scheduler applies that schedule to its own proposers (ngram, suffix, EAGLE) but does not pass it to
+        a custom_class proposer; SAM reads it here, expanded by vLLM's own lookup builder, so one config key sets
+        K by batch size for every method."""
+        schedule = getattr(vllm_config.speculative_config, "num_speculative_tokens_per_batch_size", None)
+        if not schedule:
+            return None
+        from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
+
+        max_batch = int(vllm_config.scheduler_config.max_num_seqs)
+        return np.asarray(build_dynamic_sd_schedule_lookup(schedule, max_batch, self.k), dtype=np.int64)
 
     def attach_runner(self, runner) -> None:
         """Called by :func:`register` once vLLM's model runner that built this proposer exists."""
@@ -121,11 +136,13 @@ class SAMProposer:
         num_tokens = np.asarray(num_tokens_no_spec[:rows], dtype=np.int64)
         req_ids = self.runner.input_batch.req_ids[:rows]
         slots = self._slots(req_ids, sampled_token_ids, num_tokens - counts, token_ids_cpu)
-        if int((slots >= 0).sum()) > self.options.batch_threshold:  # the live batch: scheduled, started requests
+        live = int((slots >= 0).sum())  # the live batch: scheduled, started requests
+        if live > self.options.batch_threshold:
             self.gated_steps += 1
             ks = np.zeros(rows, dtype=np.int64)
         else:
-            ks = np.clip(self.max_model_len - num_tokens - 1, 0, self.k)
+            k = self.k if self.k_by_batch is None else int(self.k_by_batch[min(live, len(self.k_by_batch) - 1)])
+            ks = np.clip(self.max_model_len - num_tokens - 1, 0, k)
         return self.drafter.step(slots, tokens, offsets, ks)
 
 

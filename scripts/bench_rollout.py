@@ -6,8 +6,9 @@ prompts, each engine warmed up on other prompts first. Reports tokens/s and mean
 active requests), from the engine-step timeline. SAM modes: own text only; + group sharing (finished
 siblings); + cross-epoch (the drafter saw an earlier rollout of the same prompts, as in the next DAPO epoch);
 ``suffix`` is vLLM's suffix decoding (Arctic Inference), shown the same earlier rollout as the cross-epoch SAM
-modes (its global tree keeps earlier responses). ``@G`` sets a mode's gate (SAM drafts only while at most G requests are active; default ``--gate``),
-``/kK`` its draft length cap K, and ``/<letter><value>`` a SAM option (SAM_MODE_OPTIONS: ``/t`` tokens per match, ``/l``
+modes (its global tree keeps earlier responses). ``@G`` sets a mode's gate (SAM drafts only while at most G requests
+are active; default ``--gate``), ``/kK`` its draft length cap K, ``/s<B>x<K>`` a cap of <K> above <B> live requests
+(vLLM's ``num_speculative_tokens_per_batch_size``; any model-free mode), and ``/<letter><value>`` a SAM option (SAM_MODE_OPTIONS: ``/t`` tokens per match, ``/l``
 lead tokens, ``/m`` min match, ``/o`` own bonus, ``/p`` min token prob, ``/c0`` first-occurrence drafts from group
 material; defaults: configs/spec/<method>.yaml).
 ``noop`` is vLLM's speculative path with a proposer that never drafts: the cost of the path itself.
@@ -62,9 +63,14 @@ SAM_MODE_OPTIONS = {  # letter of a SAM mode's "/<letter><value>" suffix -> (SAM
 }
 
 
-def parse_mode(name: str, default_gate: int, sam_defaults: dict) -> tuple[str, int, dict | None] | None:
-    """``base[@gate][/kK][/<letter><value>...]`` -> (method, K, SAM options), or None when the name is not a known
-    mode. Every speculative mode takes ``/kK``; only SAM modes take a gate and the SAM_MODE_OPTIONS letters."""
+def parse_mode(
+    name: str, default_gate: int, sam_defaults: dict
+) -> tuple[str, int, dict | None, list[list[int]] | None] | None:
+    """``base[@gate][/kK][/s<B>x<K>][/<letter><value>...]`` -> (method, K, SAM options, K-by-batch schedule), or None
+    when the name is not a known mode. Every speculative mode takes ``/kK``, model-free ones ``/s``; only SAM modes
+    take a gate and the SAM_MODE_OPTIONS letters. With ``/s`` the engine's K is the larger of the two."""
+    from recipe.engine import EngineOptions
+
     head, *suffixes = name.split("/")
     base_name, _, gate = head.partition("@")
     if base_name not in MODES:
@@ -72,11 +78,15 @@ def parse_mode(name: str, default_gate: int, sam_defaults: dict) -> tuple[str, i
     method, sam_opts = MODES[base_name]
     k = 0 if method == "off" else int(sam_defaults["k"][method])
     opts = {}
+    above = None
     try:
         for suffix in suffixes:
             letter, value = suffix[:1], suffix[1:]
             if letter == "k" and method != "off":
                 k = int(value)
+            elif letter == "s" and method in ("ngram", "suffix", "sam"):
+                batch, k_above = (int(v) for v in value.split("x"))
+                above = (batch, k_above)
             elif letter in SAM_MODE_OPTIONS and method == "sam":
                 key, kind = SAM_MODE_OPTIONS[letter]
                 opts[key] = kind(value)
@@ -87,14 +97,19 @@ def parse_mode(name: str, default_gate: int, sam_defaults: dict) -> tuple[str, i
         gate_value = int(gate) if gate else default_gate
     except ValueError:
         return None
+    schedule = None
+    if above is not None:
+        batch, k_above = above
+        schedule = [[1, batch, k], [batch + 1, EngineOptions().max_num_seqs, k_above]]
+        k = max(k, k_above)
     if method != "sam":
-        return method, k, None
-    return method, k, {**sam_defaults["sam"], "batch_threshold": gate_value, **opts, **sam_opts}
+        return method, k, None, schedule
+    return method, k, {**sam_defaults["sam"], "batch_threshold": gate_value, **opts, **sam_opts}, schedule
 
 
-def engine_spec(method: str, k: int) -> dict | None:
+def engine_spec(method: str, k: int, schedule: list[list[int]] | None = None) -> dict | None:
     from recipe.dapo.config import spec_group
-    from recipe.engine import spec_from_config
+    from recipe.engine import K_BY_BATCH_KEY, spec_from_config
 
     if method == "noop":
         return {
@@ -102,7 +117,8 @@ def engine_spec(method: str, k: int) -> dict | None:
             "model": f"{Path(__file__).stem}.NoDraftProposer",
             "num_speculative_tokens": k,
         }
-    return spec_from_config(spec_group(method, num_speculative_tokens=k))[0]  # configs/spec/<method>.yaml, K set
+    # configs/spec/<method>.yaml, K and schedule set
+    return spec_from_config(spec_group(method, num_speculative_tokens=k, **{K_BY_BATCH_KEY: schedule}))[0]
 
 
 def main() -> None:
@@ -150,10 +166,10 @@ def main() -> None:
         if parsed is None:
             parser.error(
                 f"--modes: unknown mode {name!r}; known: {', '.join(MODES)} "
-                "(SAM modes take @<gate>/k<K>/t<tokens>/l<lead>)"
+                "(SAM modes take @<gate>/k<K>/s<batch>x<K>/t<tokens>/l<lead>)"
             )
-        method, ks[name], sam_opts = parsed
-        spec = engine_spec(method, ks[name])
+        method, ks[name], sam_opts, schedule = parsed
+        spec = engine_spec(method, ks[name], schedule)
         extra = {"sam": sam_opts} if sam_opts else None
         engine = RolloutEngine(
             str(ckpt), spec, EngineOptions(max_model_len=1024, seed=0, dtype="float32"), extra, free_cache_engine=False

@@ -13,7 +13,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from mtp import MTP_LR_KEY
-from recipe.engine import SPEC_METHODS
+from recipe.engine import K_BY_BATCH_KEY, SPEC_METHODS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RECIPE_GROUPS = ("backend", "spec", "recipe")  # top-level keys that are the recipe's, not veRL's
@@ -43,6 +43,16 @@ def validate(cfg: DictConfig) -> None:
         _require(
             spec.num_speculative_tokens >= 1, "spec.num_speculative_tokens", f"must be >= 1 for spec={spec.method}"
         )
+    if spec.get(K_BY_BATCH_KEY) is not None:
+        from vllm.v1.spec_decode.dynamic.utils import validate_and_normalize_dynamic_sd_schedule
+
+        try:
+            schedule = spec[K_BY_BATCH_KEY]
+            validate_and_normalize_dynamic_sd_schedule(
+                OmegaConf.to_container(schedule) if OmegaConf.is_config(schedule) else schedule
+            )
+        except ValueError as err:
+            raise ConfigError(f"spec.{K_BY_BATCH_KEY}: {err}") from err
     if spec.method == "mtp":
         _require(
             spec.mtp.train in ("frozen", "online"),

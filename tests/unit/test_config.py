@@ -51,6 +51,19 @@ def test_spec_groups_compose(spec):
     assert cfg.spec.method == spec
 
 
+@pytest.mark.parametrize("spec", ["ngram", "suffix", "sam"])
+def test_k_by_batch_size_schedule_reaches_vllms_speculative_config(spec):
+    """The model-free methods take vLLM's K-by-batch schedule (both backends build vLLM's speculative_config with
+    spec_from_config; SAM reads the key itself, sam.vllm.SAMProposer); left null, vLLM gets no key."""
+    from recipe.engine import spec_from_config
+
+    schedule = [[1, 16, 6], [17, 256, 2]]
+    cfg = config(f"spec={spec}", f"spec.num_speculative_tokens_per_batch_size={schedule}".replace(" ", ""))
+    validate(cfg)
+    assert spec_from_config(cfg.spec)[0]["num_speculative_tokens_per_batch_size"] == schedule
+    assert "num_speculative_tokens_per_batch_size" not in spec_from_config(config(f"spec={spec}").spec)[0]
+
+
 def test_unknown_key_is_named():
     with pytest.raises(Exception, match="trainer.no_such_key"):
         config("trainer.no_such_key=1")
@@ -75,6 +88,8 @@ def test_unknown_key_is_named():
         ("trainer.logger=[console]", "trainer.logger"),  # metrics.jsonl is built from the file backend
         ("recipe.rl_prompts.max_terms=1", "recipe.rl_prompts.max_terms"),
         ("actor_rollout_ref.actor.optim.lr_scheduler_type=linear", "actor_rollout_ref.actor.optim.lr_scheduler_type"),
+        ("spec.num_speculative_tokens_per_batch_size=[[2,8,4]]", "spec.num_speculative_tokens_per_batch_size"),
+        ("spec.num_speculative_tokens_per_batch_size=[[1,8]]", "spec.num_speculative_tokens_per_batch_size"),
     ],
 )
 def test_bad_values_fail_before_work_naming_the_key(override, key):

@@ -15,10 +15,11 @@ from sam.vllm import SAMProposer
 K = 4
 
 
-def make_proposer(**sam_options) -> SAMProposer:
+def make_proposer(k_by_batch: list | None = None, **sam_options) -> SAMProposer:
     cfg = SimpleNamespace(
-        speculative_config=SimpleNamespace(num_speculative_tokens=K),
+        speculative_config=SimpleNamespace(num_speculative_tokens=K, num_speculative_tokens_per_batch_size=k_by_batch),
         model_config=SimpleNamespace(max_model_len=4096),
+        scheduler_config=SimpleNamespace(max_num_seqs=256),
         additional_config={"sam": sam_options},
     )
     return SAMProposer(cfg)
@@ -138,6 +139,20 @@ def test_batch_size_gate_turns_drafting_on_in_the_tail():
         elif any(drafts.values()):
             saw_drafts = True
     assert saw_gated and saw_drafts and proposer.gated_steps > 0
+
+
+def test_k_follows_vllms_batch_size_schedule():
+    """vLLM's ``num_speculative_tokens_per_batch_size`` caps SAM's drafts by the live batch, as vLLM's scheduler
+    caps its own proposers' (it does not pass the schedule to a custom_class proposer)."""
+    rng = np.random.default_rng(1)
+    proposer = make_proposer([[1, 3, K], [4, 256, 1]], batch_threshold=100, group_sharing=False, cross_epoch=False)
+    drv = Driver(proposer, random_requests(rng, 10))
+    longest = {True: 0, False: 0}  # more than 3 live -> longest draft
+    while drv.unfinished:
+        live = len(drv.unfinished)
+        drafts = drv.step()
+        longest[live > 3] = max(longest[live > 3], *map(len, drafts.values()))
+    assert longest == {True: 1, False: K}
 
 
 def test_siblings_draft_from_finished_siblings_and_history_across_rollouts():
