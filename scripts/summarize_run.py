@@ -23,32 +23,70 @@ def problem_accuracy(path: Path) -> pd.Series:
     return pd.read_json(path, lines=True).groupby("input")["acc"].mean()
 
 
-def heldout_rise(validation_dir: Path) -> list[dict]:
-    """Did held-out accuracy rise? For each evaluation pass (``<step>.jsonl``: val_kwargs, ``greedy/``), the
-    first and last evaluation's accuracy per problem, paired, and a one-sided sign-flip permutation test on the
-    per-problem differences (the same problems at both evaluations, so problem difficulty cancels)."""
+PASSES = (("sampled (val_kwargs)", ""), ("greedy", "greedy"))  # evaluation pass -> its dumps' subfolder
+
+
+def first_and_last(folder: Path) -> tuple[pd.Series, pd.Series, dict[int, pd.Series]] | None:
+    """Per-problem accuracy at the first and last evaluation of one pass (paired on the problems both hold), and
+    every evaluation's; None with fewer than two evaluations."""
+    dumps = sorted(folder.glob("*.jsonl"), key=lambda p: int(p.stem))
+    if len(dumps) < 2:
+        return None
+    by_step = {int(p.stem): problem_accuracy(p) for p in dumps}
+    first, last = by_step[int(dumps[0].stem)].align(by_step[int(dumps[-1].stem)], join="inner")
+    return first, last, by_step
+
+
+def rise_p_value(differences: np.ndarray) -> float:
+    """One-sided sign-flip permutation test of per-problem accuracy differences: problem difficulty cancels in a
+    difference, and with no rise each difference's sign is a coin flip."""
     from scipy.stats import permutation_test
 
+    test = permutation_test(
+        (differences,),
+        lambda d, axis: np.mean(d, axis=axis),
+        permutation_type="samples",
+        alternative="greater",
+        n_resamples=20000,
+        vectorized=True,
+        random_state=0,
+    )
+    return float(test.pvalue)
+
+
+def heldout_rise(validation_dir: Path) -> list[dict]:
+    """Did held-out accuracy rise? For each evaluation pass (``<step>.jsonl``: val_kwargs, ``greedy/``), the
+    first and last evaluation's accuracy per problem, paired, and :func:`rise_p_value` on the differences."""
     out = []
-    for name, folder in (("sampled (val_kwargs)", validation_dir), ("greedy", validation_dir / "greedy")):
-        dumps = sorted(folder.glob("*.jsonl"), key=lambda p: int(p.stem))
-        if len(dumps) < 2:
+    for name, sub in PASSES:
+        evaluations = first_and_last(validation_dir / sub)
+        if evaluations is None:
             continue
-        by_step = {int(p.stem): problem_accuracy(p) for p in dumps}
-        first, last = by_step[int(dumps[0].stem)].align(by_step[int(dumps[-1].stem)], join="inner")
-        test = permutation_test(
-            (last.to_numpy(), first.to_numpy()),
-            lambda x, y, axis: np.mean(x - y, axis=axis),
-            permutation_type="samples",
-            alternative="greater",
-            n_resamples=20000,
-            vectorized=True,
-            random_state=0,
-        )
+        first, last, by_step = evaluations
         out.append({
-            "pass": name, "problems": len(first), "first_step": int(dumps[0].stem), "last_step": int(dumps[-1].stem),
-            "first": float(first.mean()), "last": float(last.mean()), "p_value": float(test.pvalue),
+            "pass": name, "problems": len(first), "first_step": min(by_step), "last_step": max(by_step),
+            "first": float(first.mean()), "last": float(last.mean()),
+            "p_value": rise_p_value((last - first).to_numpy()),
             "by_step": {step: float(acc.mean()) for step, acc in by_step.items()},
+        })  # fmt: skip
+    return out
+
+
+def pooled_rise(validation_dirs: list[Path]) -> list[dict]:
+    """The rise over runs that differ only in their seed, tested as one: per problem, its last-minus-first accuracy
+    averaged over the runs, and :func:`rise_p_value` on those means (a rise each seed shows weakly can be
+    significant together; one seed's luck is diluted)."""
+    out = []
+    for name, sub in PASSES:
+        evaluations = [first_and_last(d / sub) for d in validation_dirs]
+        if any(e is None for e in evaluations):
+            continue
+        diffs = pd.concat([last - first for first, last, _ in evaluations], axis=1, join="inner")
+        out.append({
+            "pass": name, "runs": len(validation_dirs), "problems": len(diffs),
+            "first": [float(first.mean()) for first, _, _ in evaluations],
+            "last": [float(last.mean()) for _, last, _ in evaluations],
+            "mean_rise": float(diffs.mean(axis=1).mean()), "p_value": rise_p_value(diffs.mean(axis=1).to_numpy()),
         })  # fmt: skip
     return out
 
@@ -60,6 +98,12 @@ def main() -> None:
     parser.add_argument("run_dir")
     parser.add_argument("out_dir")
     parser.add_argument("--command", default="", help="the command that produced the run (for the record)")
+    parser.add_argument(
+        "--seed-runs",
+        nargs="*",
+        default=[],
+        help="run folders of the same config with other seeds: adds the held-out rise pooled over all of them",
+    )
     args = parser.parse_args()
     run, out = Path(args.run_dir), Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -99,6 +143,16 @@ def main() -> None:
             f"{row['first']:.3f} -> {row['last']:.3f}, one-sided paired permutation test over problems p = "
             f"{row['p_value']:.4f}.",
         ]
+    if args.seed_runs:
+        runs = [run, *map(Path, args.seed_runs)]
+        for row in pooled_rise([r / "validation" for r in runs]):
+            pairs = ", ".join(f"{a:.3f} -> {b:.3f}" for a, b in zip(row["first"], row["last"], strict=True))
+            lines += [
+                "",
+                f"Held-out accuracy, {row['pass']}, pooled over {row['runs']} seeds ({pairs}): mean rise "
+                f"{row['mean_rise']:+.3f} over {row['problems']} problems, one-sided permutation test p = "
+                f"{row['p_value']:.4f}.",
+            ]
     if probes:
         lines += [
             "",

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("summarize_run", REPO / "scripts" / "summarize_run.py")
@@ -87,3 +88,25 @@ def test_every_rollout_metric_a_report_reads_is_one_the_rollout_logs():
     spec.loader.exec_module(ab)
     read = {k for k, *_ in [*PANELS, *STEP_LINE, *SUMMARY_SPEED, *ab.QUARTER_METRICS]} | set(ab.SLIME_METRICS.values())
     assert {k for k in read if k.startswith("rollout/")} <= logged
+
+
+def test_a_rise_weak_in_each_seed_is_significant_pooled_and_opposite_runs_cancel(tmp_path):
+    rng = np.random.default_rng(2)
+    difficulty = rng.uniform(0.05, 0.6, size=(300, 1))
+    before = rng.random((300, 4)) < difficulty
+    rose, mixed = [], []
+    for seed, shift in enumerate((0.02, 0.02, 0.02)):
+        rose.append(tmp_path / f"rose{seed}")
+        write_dump(rose[-1], 0, before)
+        write_dump(rose[-1], 100, rng.random((300, 4)) < difficulty + shift)
+    for seed, shift in enumerate((0.1, -0.1)):
+        mixed.append(tmp_path / f"mixed{seed}")
+        write_dump(mixed[-1], 0, before)
+        write_dump(mixed[-1], 100, rng.random((300, 4)) < np.clip(difficulty + shift, 0, 1))
+    alone = [summarize_run.heldout_rise(d)[0]["p_value"] for d in rose]
+    (pooled,) = summarize_run.pooled_rise(rose)
+    assert max(alone) > 0.01 and pooled["p_value"] < 0.01, (alone, pooled)
+    assert pooled["runs"] == 3 and pooled["problems"] == 300 and pooled["first"] == [before.mean()] * 3
+    assert pooled["last"] == [summarize_run.heldout_rise(d)[0]["last"] for d in rose]
+    assert pooled["mean_rise"] == pytest.approx(np.mean(pooled["last"]) - before.mean())  # every seed counts
+    assert summarize_run.pooled_rise(mixed)[0]["p_value"] > 0.05
