@@ -8,9 +8,9 @@ siblings); + cross-epoch (the drafter saw an earlier rollout of the same prompts
 ``suffix`` is vLLM's suffix decoding (Arctic Inference), shown the same earlier rollout as the cross-epoch SAM
 modes (its global tree keeps earlier responses). ``@G`` sets a mode's gate (SAM drafts only while at most G requests
 are active; default ``--gate``), ``/kK`` its draft length cap K, ``/s<B>x<K>`` a cap of <K> above <B> live requests
-(vLLM's ``num_speculative_tokens_per_batch_size``; any model-free mode), and ``/<letter><value>`` a SAM option (SAM_MODE_OPTIONS: ``/t`` tokens per match, ``/l``
-lead tokens, ``/m`` min match, ``/o`` own bonus, ``/p`` min token prob, ``/c0`` first-occurrence drafts from group
-material; defaults: configs/spec/<method>.yaml).
+(vLLM's ``num_speculative_tokens_per_batch_size``; any model-free mode), and ``/<letter><value>`` a SAM option
+(SAM_MODE_OPTIONS: ``/t`` tokens per match, ``/l`` lead tokens, ``/m`` min match, ``/o`` own bonus, ``/p`` min token
+prob, ``/c0`` first-occurrence drafts from group material; defaults: configs/spec/<method>.yaml).
 ``noop`` is vLLM's speculative path with a proposer that never drafts: the cost of the path itself.
 
     .venv/bin/python scripts/bench_rollout.py [--prompts 16 --n 8 --modes off,sam+group+epoch@256/k4/t1]
@@ -69,7 +69,7 @@ def parse_mode(
     """``base[@gate][/kK][/s<B>x<K>][/<letter><value>...]`` -> (method, K, SAM options, K-by-batch schedule), or None
     when the name is not a known mode. Every speculative mode takes ``/kK``, model-free ones ``/s``; only SAM modes
     take a gate and the SAM_MODE_OPTIONS letters. With ``/s`` the engine's K is the larger of the two."""
-    from recipe.engine import EngineOptions
+    from recipe.engine import K_BY_BATCH_KEY, VLLM_METHOD_KEYS, EngineOptions
 
     head, *suffixes = name.split("/")
     base_name, _, gate = head.partition("@")
@@ -84,7 +84,7 @@ def parse_mode(
             letter, value = suffix[:1], suffix[1:]
             if letter == "k" and method != "off":
                 k = int(value)
-            elif letter == "s" and method in ("ngram", "suffix", "sam"):
+            elif letter == "s" and K_BY_BATCH_KEY in VLLM_METHOD_KEYS.get(method, ()):
                 batch, k_above = (int(v) for v in value.split("x"))
                 above = (batch, k_above)
             elif letter in SAM_MODE_OPTIONS and method == "sam":

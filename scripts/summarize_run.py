@@ -81,12 +81,12 @@ def pooled_rise(validation_dirs: list[Path]) -> list[dict]:
         evaluations = [first_and_last(d / sub) for d in validation_dirs]
         if any(e is None for e in evaluations):
             continue
-        diffs = pd.concat([last - first for first, last, _ in evaluations], axis=1, join="inner")
+        rise = pd.concat([last - first for first, last, _ in evaluations], axis=1, join="inner").mean(axis=1)
         out.append({
-            "pass": name, "runs": len(validation_dirs), "problems": len(diffs),
+            "pass": name, "runs": len(validation_dirs), "problems": len(rise),
             "first": [float(first.mean()) for first, _, _ in evaluations],
             "last": [float(last.mean()) for _, last, _ in evaluations],
-            "mean_rise": float(diffs.mean(axis=1).mean()), "p_value": rise_p_value(diffs.mean(axis=1).to_numpy()),
+            "mean_rise": float(rise.mean()), "p_value": rise_p_value(rise.to_numpy()),
         })  # fmt: skip
     return out
 
