@@ -5,6 +5,7 @@ merged from those, and the console lines and plots of a run's metrics."""
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 LATEST_FILE = "latest_checkpointed_iteration.txt"  # veRL's resume pointer: the step of the last checkpoint
@@ -16,6 +17,40 @@ def latest_step(run_dir: Path) -> int:
     """The step of the run's last checkpoint (0: none)."""
     latest = run_dir / LATEST_FILE
     return int(latest.read_text().strip()) if latest.is_file() else 0
+
+
+def checkpoint_dir(run_dir: Path, step: int) -> Path:
+    """Where the checkpoint of ``step`` lives (veRL's name)."""
+    return run_dir / f"global_step_{step}"
+
+
+def rewind_to_logged_checkpoint(run_dir: Path) -> int:
+    """Point the resume pointer at the last checkpoint whose step's metrics were logged; its step is returned.
+
+    veRL's trainer saves a step's checkpoint before it logs the step's metrics, so a job killed in between (a
+    launcher killed outright leaves its job training until the relaunch ends it) leaves a checkpoint whose row no
+    launch would write. Resuming from the checkpoint before it runs those steps again and logs them. With no such
+    earlier checkpoint kept, the run resumes from the latest and the row stays missing, with a warning."""
+    latest = latest_step(run_dir)
+    logged = {row["step"] for row in merge_tracking(run_dir)}
+    if latest == 0 or latest in logged:
+        return latest
+    earlier = [s for s in range(latest - 1, 0, -1) if s in logged and checkpoint_dir(run_dir, s).is_dir()]
+    if not earlier:
+        warnings.warn(
+            f"{checkpoint_dir(run_dir, latest)}: step {latest} was saved but its metrics were never logged (the job "
+            f"was killed in between) and no earlier logged checkpoint is kept; resuming from it, that row stays missing",
+            stacklevel=2,
+        )
+        return latest
+    pointer = run_dir / LATEST_FILE
+    pointer.with_suffix(".tmp").write_text(str(earlier[0]))
+    pointer.with_suffix(".tmp").replace(pointer)
+    print(
+        f"resuming from {checkpoint_dir(run_dir, earlier[0])}: step {latest} was saved but its metrics were never "
+        f"logged (the job was killed in between), so steps {earlier[0] + 1}-{latest} run again"
+    )
+    return earlier[0]
 
 
 def tracking_path(run_dir: Path, start_step: int) -> Path:
@@ -161,5 +196,5 @@ def run_summary(history: list[dict], run_dir: Path) -> str:
     checkpoint = latest_step(run_dir)
     lines.append(f"  metrics: {run_dir / METRICS_FILE}  curves: {run_dir / 'curves.png'}")
     if checkpoint:
-        lines.append(f"  last checkpoint: {run_dir / f'global_step_{checkpoint}'}")
+        lines.append(f"  last checkpoint: {checkpoint_dir(run_dir, checkpoint)}")
     return "\n".join(lines)

@@ -31,6 +31,7 @@ from recipe.dapo.report import (
     LATEST_FILE,
     PROBE_PREFIX,
     TRACKING_PREFIX,
+    checkpoint_dir,
     latest_step,
     merge_tracking,
     plot_run,
@@ -129,7 +130,7 @@ class DAPOTrainer:
     def save(self) -> Path:
         """``global_step_N/`` in the run directory (as veRL): fp32 HF policy, optimizer and its schedule, cursor,
         RNG and drafter memory."""
-        path = self.out_dir / f"global_step_{self.global_step}"
+        path = checkpoint_dir(self.out_dir, self.global_step)
         tmp = path.with_name(path.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
@@ -156,7 +157,7 @@ class DAPOTrainer:
         step = latest_step(self.out_dir)
         if self.cfg.trainer.resume_mode != "auto" or step == 0:
             return False
-        path = self.out_dir / f"global_step_{step}"
+        path = checkpoint_dir(self.out_dir, step)
         resumed = load_checkpoint(path / "actor", dtype=torch.float32)
         self.policy.load_state_dict(resumed.state_dict())
         state = torch.load(path / "trainer_state.pt", weights_only=False)

@@ -34,7 +34,14 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from recipe.dapo.config import ConfigError, accelerators, apply_overrides
-from recipe.dapo.report import latest_step, merge_tracking, plot_run, tracking_path, write_history
+from recipe.dapo.report import (
+    latest_step,
+    merge_tracking,
+    plot_run,
+    rewind_to_logged_checkpoint,
+    tracking_path,
+    write_history,
+)
 from recipe.dapo.server_timeline import TIMELINE_DIR_ENV, rollout_metrics_by_step
 from recipe.dapo.step_marks import marks_env
 from recipe.verl_cpu import PLATFORM_ENV, PLATFORM_NAME
@@ -252,6 +259,8 @@ def run_verl(cfg: DictConfig, verl_cfg: DictConfig) -> DictConfig | list[dict]:
     job_file = out_dir / "verl_job.id"
     if not cfg.recipe.dry_run:
         end_stale_job(job_file)
+        if verl_cfg.trainer.resume_mode == "auto":
+            rewind_to_logged_checkpoint(out_dir)
     verl_cfg = job_config(cfg, verl_cfg)
     config_file = out_dir / "verl_config.yaml"
     config_file.write_text(OmegaConf.to_yaml(verl_cfg))
