@@ -44,6 +44,8 @@ class SAMOptions:
     group_sharing: bool = True  # draft from finished sibling responses of the same prompt
     cross_epoch: bool = True  # draft from earlier rollouts' responses to the same prompt
     own_bonus: int = 0  # match-length bonus of the request's own text over group material (negative: group wins)
+    own_latest: bool = True  # own-text drafts copy what followed the match's latest earlier occurrence (False: its
+    # first, the SAM-Decoding paper's rule)
     max_history_tokens: int = 65536  # per prompt; oldest responses are dropped beyond it
     max_history_bytes: int = 4 << 30  # all prompts' history automata together; least recently used prompts' dropped
     resync_tokens: int = 64  # tokens re-matched when group material grows under a running request
@@ -250,7 +252,7 @@ class BatchDrafter:
 
     def start(self, prompt: np.ndarray, key: bytes) -> int:
         """A new request with context ``prompt``; ``key`` names its prompt's group. Returns its slot."""
-        own = SuffixAutomaton(capacity=max(256, 2 * prompt.size), pool=self.pool)
+        own = SuffixAutomaton(capacity=max(256, 2 * prompt.size), pool=self.pool, latest=self.options.own_latest)
         own.extend(prompt)
         slot = own.slot
         if slot >= self._size:
@@ -292,6 +294,7 @@ class BatchDrafter:
         step_rows(
             *self.pool.lists, self.pool.stats, slots, tokens, offsets, ks, self.src_slot, self.src_state,
             self.src_len, self.src_seen, opts.min_match, float(opts.tokens_per_match), opts.own_bonus,
-            opts.resync_tokens, float(opts.count_prior), float(opts.min_token_prob), self._out, self._out_n,
+            opts.resync_tokens, float(opts.count_prior), float(opts.min_token_prob), opts.own_latest, self._out,
+            self._out_n,
         )  # fmt: skip
         return [d[:n] for d, n in zip(self._out[:rows].tolist(), self._out_n[:rows].tolist(), strict=True)]

@@ -60,6 +60,7 @@ SAM_MODE_OPTIONS = {  # letter of a SAM mode's "/<letter><value>" suffix -> (SAM
     "o": ("own_bonus", int),
     "p": ("min_token_prob", float),
     "c": ("draft_from_counts", lambda v: bool(int(v))),
+    "r": ("own_latest", lambda v: bool(int(v))),
 }
 
 

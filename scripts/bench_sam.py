@@ -177,7 +177,9 @@ SAM_VARIANTS = {
     "sam_group/count_prior_2": {"count_prior": 2.0},
     "sam_group/min_token_prob_0.03": {"min_token_prob": 0.03},
     "sam_group/tokens_per_match_3": {"tokens_per_match": 3.0},
-    "sam_group/own_bonus_0": {"own_bonus": 0},
+    "sam_group/own_first_occurrence": {"own_latest": False},
+    "sam_group/own_first_occurrence/own_bonus_-1": {"own_latest": False, "own_bonus": -1},
+    "sam_group/own_bonus_-1": {"own_bonus": -1},
     "sam_group/one_group": {"one_group": True},
 }
 

@@ -34,7 +34,7 @@ def is_true_continuation(text: list[int], draft: list[int], min_match: int) -> b
 
 
 def check_against_oracle(chunks: list[list[int]], k: int = 5) -> None:
-    sa = SuffixAutomaton(capacity=4)  # tiny capacity: exercises growth and rehashing
+    sa = SuffixAutomaton(capacity=4, latest=True)  # tiny capacity: exercises growth and rehashing
     text: list[int] = []
     for chunk in chunks:
         sa.extend(chunk)
@@ -52,6 +52,29 @@ def check_against_oracle(chunks: list[list[int]], k: int = 5) -> None:
             longest = text[len(text) - expected :]
             nxt = [text[e + 1] for e in range(expected - 1, len(text) - 1) if text[e - expected + 1 : e + 1] == longest]
             assert draft[0] in nxt or len(draft) > 1
+        # the copy after an earlier occurrence of the match: the latest one, unless the state was deeper than
+        # RECENT_DEPTH on a later occurrence's suffix path (then an older one; exactly the latest in the tests below)
+        assert sa.draft_latest(k) in oracle_copies(text, expected, k), (text, sa.draft_latest(k))
+
+
+def oracle_copies(text: list[int], match: int, k: int) -> list[list[int]]:
+    """What followed each earlier occurrence of the last ``match`` tokens, copied on into itself past the end of
+    the text, up to ``k`` tokens or a separator (brute force; [[]] without a match)."""
+    if match == 0:
+        return [[]]
+    suffix = text[len(text) - match :]
+    copies = []
+    for end in range(match - 1, len(text) - 1):
+        if text[end - match + 1 : end + 1] == suffix:
+            copied: list[int] = []
+            while len(copied) < k:
+                i = end + 1 + len(copied)
+                token = text[i] if i < len(text) else copied[i - len(text)]
+                if token < 0:
+                    break
+                copied.append(token)
+            copies.append(copied)
+    return copies
 
 
 @pytest.mark.parametrize("alphabet", [1, 2, 3, 8])
@@ -78,6 +101,17 @@ def test_longest_match_draft_is_first_earlier_occurrence_continuation():
     assert sa.match_length == 3
     assert sa.draft(3) == [4, 9, 1]  # first occurrence of [1, 2, 3] is followed by 4 9 1
     assert sa.draft(0) == []
+
+
+def test_own_text_drafts_copy_the_latest_occurrence_and_periodic_text_continues_its_period():
+    sa = SuffixAutomaton(latest=True)
+    sa.extend([1, 2, 3, 4, 9, 1, 2, 3, 5, 7, 1, 2, 3])
+    assert sa.draft_latest(3) == [5, 7, 1]  # the latest earlier [1, 2, 3] is followed by 5 7 1 (the first by 4 9 1)
+    periodic = SuffixAutomaton(latest=True)
+    periodic.extend([8] + [1, 2, 3] * 40)  # suffix paths about as long as the text, far beyond RECENT_DEPTH
+    assert periodic.draft_latest(7) == [1, 2, 3, 1, 2, 3, 1]
+    with pytest.raises(ValueError, match="latest=True"):
+        SuffixAutomaton().draft_latest(3)
 
 
 def test_never_self_match_and_empty():

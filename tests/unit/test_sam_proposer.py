@@ -111,9 +111,9 @@ def test_requests_are_tracked_through_reordering_and_preemption_and_only_verifie
         drafts = drv.step()
         for rid in drv.rows:
             text = drv.text(rid)
-            ref = SuffixAutomaton()
+            ref = SuffixAutomaton(latest=True)
             ref.extend(text)
-            expected = ref.draft(SAMOptions.from_dict(opts).draft_length(ref.match_length, K), 1)
+            expected = ref.draft_latest(SAMOptions.from_dict(opts).draft_length(ref.match_length, K), 1)
             assert drafts[rid] == expected, rid
         assert proposer.num_requests == len(unfinished)  # one drafter per unfinished request, preempted included
         for rid in unfinished:
