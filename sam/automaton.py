@@ -4,11 +4,10 @@ A suffix automaton over n tokens has n + 1 *prefix states* (prefix state i's lon
 i tokens) and fewer than n *clones* (made when a state splits). Most of what a prefix state holds follows from
 its id, so only the rest is stored:
 - prefix state i: length i, first occurrence ending at i - 1, and the edge on ``text[i]`` to prefix state i + 1
-  (made when token i was appended; such an edge is solid, so it is never redirected). Stored: its suffix link,
-  the head of its chain of other edges and the end of its latest occurrence (12 B).
+  (made when token i was appended; such an edge is solid, so it is never redirected). Stored: its suffix link
+  and the head of its chain of other edges (8 B; 12 B with the end of its latest occurrence, where tracked).
 - clone j (id ``CLONE | j``): length, link, end of its first occurrence (inherited from the state it split off,
-  which keeps it exact without walking links), end of its latest, one edge inline and the head of its chain
-  (28 B).
+  which keeps it exact without walking links), one edge inline and the head of its chain (24 B; 28 B tracked).
 - every other edge: an open-addressing hash ``(state, token) -> (target, next token of the state's chain)``,
   16 B a slot, one cache line a probe. A state with an empty chain never probes it, and on text about four
   edges in five are implicit or inline, so most transitions touch no hash at all.
