@@ -624,7 +624,6 @@ class SuffixAutomaton:
     def __init__(self, capacity: int = 1024, pool: AutomatonPool | None = None, latest: bool = False):
         self._pool = pool if pool is not None else AutomatonPool()
         self.slot = self._pool.acquire(max(16, capacity), latest)
-        self.latest = latest  # tracks each state's latest occurrence, for :meth:`draft_latest`
         self._meta = self._pool.meta[self.slot]  # never replaced while the slot is held
         self._out = np.empty(64, dtype=np.int32)
 
@@ -647,12 +646,20 @@ class SuffixAutomaton:
         """Length of the longest suffix of the text that also ends at an earlier position."""
         return int(self._meta[MATCH_LEN])
 
-    def _draft_from(self, state: int, mlen: int, k: int, min_match: int) -> list[int]:
+    @property
+    def latest(self) -> bool:
+        """Whether it tracks each state's latest occurrence (made with ``latest=True``), for :meth:`draft_latest`."""
+        return self._pool.prefix[self.slot].shape[1] > P_LAST
+
+    def _buffer(self, k: int) -> np.ndarray:
         if k > self._out.shape[0]:
             self._out = np.empty(k, dtype=np.int32)
-        pool = self._pool
-        n = _draft_slot(pool.prefix, pool.clones, pool.meta, self.slot, state, mlen, k, min_match, self._out)
-        return self._out[:n].tolist()
+        return self._out
+
+    def _draft_from(self, state: int, mlen: int, k: int, min_match: int) -> list[int]:
+        pool, out = self._pool, self._buffer(k)
+        n = _draft_slot(pool.prefix, pool.clones, pool.meta, self.slot, state, mlen, k, min_match, out)
+        return out[:n].tolist()
 
     def draft(self, k: int, min_match: int = 1) -> list[int]:
         """Up to ``k`` tokens that followed an earlier occurrence of the longest matching suffix."""
@@ -665,10 +672,9 @@ class SuffixAutomaton:
             raise ValueError("draft_latest needs an automaton made with latest=True")
         if self.match_length < min_match or k <= 0:
             return []
-        if k > self._out.shape[0]:
-            self._out = np.empty(k, dtype=np.int32)
-        n = _draft_recent(self._pool.prefix[self.slot], len(self), int(self._meta[MATCH_LAST]), k, self._out)
-        return self._out[:n].tolist()
+        out = self._buffer(k)
+        n = _draft_recent(self._pool.prefix[self.slot], len(self), int(self._meta[MATCH_LAST]), k, out)
+        return out[:n].tolist()
 
     def count_occurrences(self) -> None:
         """Count how often each state's strings occur (until the text grows again), for :meth:`Matcher.draft_frequent`

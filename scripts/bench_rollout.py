@@ -10,7 +10,8 @@ modes (its global tree keeps earlier responses). ``@G`` sets a mode's gate (SAM 
 are active; default ``--gate``), ``/kK`` its draft length cap K, ``/s<B>x<K>`` a cap of <K> above <B> live requests
 (vLLM's ``num_speculative_tokens_per_batch_size``; any model-free mode), and ``/<letter><value>`` a SAM option
 (SAM_MODE_OPTIONS: ``/t`` tokens per match, ``/l`` lead tokens, ``/m`` min match, ``/o`` own bonus, ``/p`` min token
-prob, ``/c0`` first-occurrence drafts from group material; defaults: configs/spec/<method>.yaml).
+prob, ``/c0`` first-occurrence drafts from group material, ``/r0`` from the request's own text; defaults:
+configs/spec/<method>.yaml).
 ``noop`` is vLLM's speculative path with a proposer that never drafts: the cost of the path itself.
 
     .venv/bin/python scripts/bench_rollout.py [--prompts 16 --n 8 --modes off,sam+group+epoch@256/k4/t1]

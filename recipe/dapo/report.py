@@ -19,6 +19,13 @@ def latest_step(run_dir: Path) -> int:
     return int(latest.read_text().strip()) if latest.is_file() else 0
 
 
+def set_latest_step(run_dir: Path, step: int) -> None:
+    """Point the resume pointer at ``step`` (replaced whole: a crash leaves the old pointer or the new one)."""
+    tmp = run_dir / (LATEST_FILE + ".tmp")
+    tmp.write_text(str(step))
+    tmp.replace(run_dir / LATEST_FILE)
+
+
 def checkpoint_dir(run_dir: Path, step: int) -> Path:
     """Where the checkpoint of ``step`` lives (veRL's name)."""
     return run_dir / f"global_step_{step}"
@@ -43,9 +50,7 @@ def rewind_to_logged_checkpoint(run_dir: Path) -> int:
             stacklevel=2,
         )
         return latest
-    pointer = run_dir / LATEST_FILE
-    pointer.with_suffix(".tmp").write_text(str(earlier[0]))
-    pointer.with_suffix(".tmp").replace(pointer)
+    set_latest_step(run_dir, earlier[0])
     print(
         f"resuming from {checkpoint_dir(run_dir, earlier[0])}: step {latest} was saved but its metrics were never "
         f"logged (the job was killed in between), so steps {earlier[0] + 1}-{latest} run again"

@@ -28,13 +28,13 @@ from recipe.dapo.data import PromptStream, load_prompts
 from recipe.dapo.drift import DriftProbe, load_or_sample_probe
 from recipe.dapo.policy import Actor
 from recipe.dapo.report import (
-    LATEST_FILE,
     PROBE_PREFIX,
     TRACKING_PREFIX,
     checkpoint_dir,
     latest_step,
     merge_tracking,
     plot_run,
+    set_latest_step,
     step_line,
     tracking_path,
     write_history,
@@ -148,9 +148,7 @@ class DAPOTrainer:
         torch.save(state, tmp / "trainer_state.pt")
         shutil.rmtree(path, ignore_errors=True)
         tmp.rename(path)
-        latest = self.out_dir / LATEST_FILE
-        latest.with_suffix(".tmp").write_text(str(self.global_step))
-        latest.with_suffix(".tmp").replace(latest)
+        set_latest_step(self.out_dir, self.global_step)
         return path
 
     def try_resume(self) -> bool:

@@ -53,7 +53,7 @@ def check_against_oracle(chunks: list[list[int]], k: int = 5) -> None:
             nxt = [text[e + 1] for e in range(expected - 1, len(text) - 1) if text[e - expected + 1 : e + 1] == longest]
             assert draft[0] in nxt or len(draft) > 1
         # the copy after an earlier occurrence of the match: the latest one, unless the state was deeper than
-        # RECENT_DEPTH on a later occurrence's suffix path (then an older one; exactly the latest in the tests below)
+        # RECENT_DEPTH on a later occurrence's suffix path (then an older one; the latest: the hand cases below)
         assert sa.draft_latest(k) in oracle_copies(text, expected, k), (text, sa.draft_latest(k))
 
 
