@@ -411,11 +411,12 @@ def _stat_row(n_text, s) -> int:
 
 
 @nb.njit(cache=True)
-def _draft_counted(pf, cl, table, st, n_text, state, mlen, k, min_match, prior, min_prob, out) -> int:
+def _draft_counted(pf, cl, table, st, n_text, state, mlen, k, min_match, prior, decay, min_prob, out) -> int:
     """Write up to ``k`` tokens into ``out``, each the continuation that most occurrences of the match take
     (the latest occurrence breaks ties), while the estimated chance that the whole draft is accepted stays at
-    least ``min_prob``. A token's chance is its count over the match's count plus ``prior`` (a continuation
-    seen once is a guess; one seen in 7 of 8 responses is likely). Needs counts taken at ``n_text``
+    least ``min_prob``. A token's chance is its count over the match's count plus ``prior * (min_match /
+    match length) ** decay`` (a continuation seen once after a short match is a guess, after a long one it is
+    mostly right; one seen in 7 of 8 responses is likely). Needs counts taken at ``n_text``
     (:func:`_count`). Stops at a separator (negative token). Returns the number of tokens written.
     """
     if mlen < min_match or state == 0:
@@ -451,7 +452,8 @@ def _draft_counted(pf, cl, table, st, n_text, state, mlen, k, min_match, prior, 
             h = v >> 32
         if best_to < 0:
             break
-        chance *= best_occ / (st[_stat_row(n_text, state), S_OCC] + prior)
+        shrunk = prior * (max(1, min_match) / (mlen + n)) ** decay  # the match grows by each drafted token
+        chance *= best_occ / (st[_stat_row(n_text, state), S_OCC] + shrunk)
         if chance < min_prob:
             break
         out[n] = best_tok
@@ -481,7 +483,7 @@ def _draft_slot(pf_l, cl_l, meta_l, slot, state, mlen, k, min_match, out) -> int
 def step_rows(
     pf_l, cl_l, table_l, meta_l, stats_l,
     own, tok_flat, tok_off, ks, src_slot, src_state, src_len, src_seen,
-    min_match, tokens_per_match, own_bonus, resync, count_prior, min_token_prob, own_latest, out, out_n,
+    min_match, tokens_per_match, own_bonus, resync, count_prior, prior_decay, min_token_prob, own_latest, out, out_n,
 ) -> None:  # fmt: skip
     """One decode step for every row: append row ``r``'s verified tokens to automaton ``own[r]``, advance its
     matchers into the group corpora ``src_slot[own[r]]`` (re-matching its last ``resync`` tokens when a corpus
@@ -489,7 +491,8 @@ def step_rows(
     request's own text wins ties and gets ``own_bonus`` extra match length).
 
     From a counted corpus (:func:`_count`) the draft follows the most frequent continuation while its estimated
-    chance stays at least ``min_token_prob`` (:func:`_draft_counted`). From the request's own text (never counted:
+    chance (``count_prior`` shrunk by the match length with ``prior_decay``) stays at least ``min_token_prob``
+    (:func:`_draft_counted`). From the request's own text (never counted:
     it grows every step) it is what followed the latest earlier occurrence (``own_latest``; else the first),
     ``min(ks[r], ceil(tokens_per_match * (match - min_match + 1)))`` tokens; nothing below ``min_match``.
     """
@@ -530,7 +533,7 @@ def step_rows(
         if best_slot != s and c_meta[COUNTED_LEN] == c_meta[TEXT_LEN]:
             out_n[r] = _draft_counted(
                 pf_l[best_slot], cl_l[best_slot], table_l[best_slot], stats_l[best_slot], c_meta[TEXT_LEN],
-                best_state, best_mlen, k, min_match, count_prior, min_token_prob, out[r],
+                best_state, best_mlen, k, min_match, count_prior, prior_decay, min_token_prob, out[r],
             )  # fmt: skip
             continue
         k = min(k, math.ceil(tokens_per_match * (best_mlen - min_match + 1)))
@@ -730,9 +733,12 @@ class Matcher:
     def draft(self, k: int, min_match: int = 1) -> list[int]:
         return self.automaton._draft_from(self._state, self._len, k, min_match)
 
-    def draft_frequent(self, k: int, min_match: int = 1, prior: float = 1.0, min_prob: float = 0.0) -> list[int]:
+    def draft_frequent(
+        self, k: int, min_match: int = 1, prior: float = 1.0, min_prob: float = 0.0, decay: float = 0.0
+    ) -> list[int]:
         """Up to ``k`` tokens, each the most frequent continuation, while the estimated chance of the whole draft
-        stays at least ``min_prob`` (see :func:`_draft_counted`); the automaton must be counted."""
+        stays at least ``min_prob`` (see :func:`_draft_counted`; ``decay`` shrinks ``prior`` with the match
+        length); the automaton must be counted."""
         a = self.automaton
         if not a.counted:
             raise ValueError("draft_frequent needs occurrence counts of the current text: call count_occurrences()")
@@ -740,6 +746,6 @@ class Matcher:
         out = np.empty(max(1, k), dtype=np.int32)
         n = _draft_counted(
             pool.prefix[a.slot], pool.clones[a.slot], pool.table[a.slot], pool.stats[a.slot], len(a), self._state,
-            self._len, k, min_match, prior, min_prob, out,
+            self._len, k, min_match, prior, decay, min_prob, out,
         )  # fmt: skip
         return out[:n].tolist()

@@ -9,8 +9,9 @@ Each request drafts from up to three sources and keeps the one with the longest 
 Group material lives in one automaton per prompt and source, with a unique negative separator after each
 response so no draft runs from one response into the next. It is counted each time it grows (a sibling
 finished), so a draft from it follows the continuation most responses took and stops where its estimated
-chance (counts, ``count_prior``) falls below ``min_token_prob``; a request's own text, which grows every step,
-drafts what followed the first earlier occurrence, by the match-length rule. Each response is stored after its prompt's last
+chance (counts, ``count_prior`` shrunk as the match grows by ``prior_decay``) falls below ``min_token_prob``; a
+request's own text, which grows every step, drafts what followed the latest earlier occurrence (``own_latest``), by
+the match-length rule. Each response is stored after its prompt's last
 ``lead_tokens`` tokens (the group's ``lead``): a new request's context ends with the same tokens, so it matches
 its siblings' openings from its first step instead of only after ``min_match`` tokens of its own. When the last
 active sample of a prompt finishes, the rollout's sibling responses move into the history (if ``cross_epoch``)
@@ -52,7 +53,9 @@ class SAMOptions:
     draft_from_counts: bool = True  # drafts from group material follow the continuation most responses took, for
     # as long as its estimated chance holds (False: the first earlier occurrence, by the match-length rule)
     count_prior: float = 1.0  # drafts from group material: a continuation's chance is its count over the match's
-    # count plus this (seen once: 1/2; in 7 of 8 responses: 7/9)
+    # count plus this (seen once: 1/2; in 7 of 8 responses: 7/9) ...
+    prior_decay: float = 1.0  # ... times (min_match / match length) ** this: a continuation seen once after a long
+    # match is mostly right (0: the same prior at every length, which stops such drafts after 4 tokens at 0.05)
     min_token_prob: float = 0.05  # drafts from group material stop where the whole draft's estimated chance falls
     # below this
 
@@ -72,6 +75,8 @@ class SAMOptions:
             raise ValueError(f"SAM option batch_threshold must be >= 0, got {opts.batch_threshold}")
         if opts.count_prior < 0:
             raise ValueError(f"SAM option count_prior must be >= 0, got {opts.count_prior}")
+        if opts.prior_decay < 0:
+            raise ValueError(f"SAM option prior_decay must be >= 0, got {opts.prior_decay}")
         if not 0 <= opts.min_token_prob <= 1:
             raise ValueError(f"SAM option min_token_prob must be in [0, 1], got {opts.min_token_prob}")
         if opts.lead_tokens < 0:
@@ -294,7 +299,7 @@ class BatchDrafter:
         step_rows(
             *self.pool.lists, self.pool.stats, slots, tokens, offsets, ks, self.src_slot, self.src_state,
             self.src_len, self.src_seen, opts.min_match, float(opts.tokens_per_match), opts.own_bonus,
-            opts.resync_tokens, float(opts.count_prior), float(opts.min_token_prob), opts.own_latest, self._out,
-            self._out_n,
+            opts.resync_tokens, float(opts.count_prior), float(opts.prior_decay), float(opts.min_token_prob),
+            opts.own_latest, self._out, self._out_n,
         )  # fmt: skip
         return [d[:n] for d, n in zip(self._out[:rows].tolist(), self._out_n[:rows].tolist(), strict=True)]

@@ -10,7 +10,7 @@ modes (its global tree keeps earlier responses). ``@G`` sets a mode's gate (SAM 
 are active; default ``--gate``), ``/kK`` its draft length cap K, ``/s<B>x<K>`` a cap of <K> above <B> live requests
 (vLLM's ``num_speculative_tokens_per_batch_size``; any model-free mode), and ``/<letter><value>`` a SAM option
 (SAM_MODE_OPTIONS: ``/t`` tokens per match, ``/l`` lead tokens, ``/m`` min match, ``/o`` own bonus, ``/p`` min token
-prob, ``/c0`` first-occurrence drafts from group material, ``/r0`` from the request's own text; defaults:
+prob, ``/d`` prior decay, ``/c0`` first-occurrence drafts from group material, ``/r0`` from the request's own text; defaults:
 configs/spec/<method>.yaml).
 ``noop`` is vLLM's speculative path with a proposer that never drafts: the cost of the path itself.
 
@@ -60,6 +60,7 @@ SAM_MODE_OPTIONS = {  # letter of a SAM mode's "/<letter><value>" suffix -> (SAM
     "m": ("min_match", int),
     "o": ("own_bonus", int),
     "p": ("min_token_prob", float),
+    "d": ("prior_decay", float),
     "c": ("draft_from_counts", lambda v: bool(int(v))),
     "r": ("own_latest", lambda v: bool(int(v))),
 }
@@ -123,6 +124,32 @@ def engine_spec(method: str, k: int, schedule: list[list[int]] | None = None) ->
     return spec_from_config(spec_group(method, num_speculative_tokens=k, **{K_BY_BATCH_KEY: schedule}))[0]
 
 
+def by_active_requests_table(timelines: dict[str, list]) -> list[str]:
+    """Markdown lines: every mode's engine steps pooled over its rollouts by active requests (recipe.dapo.timeline
+    bands), tokens/s per active request and over spec off's in the same band. The long tail's tokens/s compares
+    different requests when a drafter changes which ones are left at the end; a band compares equal batch sizes."""
+    from recipe.dapo.timeline import ACTIVE_BANDS, band_label, ratio, speed_by_active_requests
+
+    bands = {name: speed_by_active_requests(tls) for name, tls in timelines.items()}
+    off = bands.get("off")
+    labels = [band_label(lo, hi) for lo, hi in ACTIVE_BANDS]
+    lines = [
+        "",
+        "Tokens/s per active request by active requests, every rollout's steps pooled (vs spec off in the same band; "
+        "time share of the band in parentheses):",
+        "",
+        "| mode | " + " | ".join(labels) + " |",
+        "|---|" + "---|" * len(labels),
+    ]
+    for name, mode_bands in bands.items():
+        cells = []
+        for i, band in enumerate(mode_bands):
+            vs_off = ratio(band["request_tok_s"], off[i]["request_tok_s"]) if off else float("nan")
+            cells.append(f"{band['request_tok_s']:.0f} ({vs_off:.2f}x, {band['time_share']:.2f})")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def main() -> None:
     from omegaconf import OmegaConf
 
@@ -182,11 +209,13 @@ def main() -> None:
         engines[name] = engine
     # modes interleaved, rollout by rollout, so machine noise and drift hit every mode alike
     runs: dict[str, list[dict]] = {name: [] for name in engines}
+    timelines: dict[str, list] = {name: [] for name in engines}
     for rep in range(args.repeats):
         for name, engine in engines.items():
             result = engine.generate(prompts, args.n, sampling)
             s = result.timeline.summary(args.tail)
             runs[name].append(s)
+            timelines[name].append(result.timeline)
             print(rep, name, json.dumps({k: round(v, 3) for k, v in s.items()}))
     rows = []
     for name, summaries in runs.items():
@@ -202,6 +231,7 @@ def main() -> None:
                 "rollout_s": median("rollout_time_s"),
                 "tok_s": median("throughput_tok_s"),
                 "tail_tok_s": median("tail_throughput_tok_s"),
+                "tail_request_tok_s": median("tail_request_tok_s"),
                 "tail_time_share": median("tail_time_share"),
                 "tokens_per_request_step": median("tokens_per_request_step"),
                 "tail_tokens_per_request_step": median("tail_tokens_per_request_step"),
@@ -225,16 +255,21 @@ def main() -> None:
         "SAM options from configs/spec unless a mode says /<letter><value> (SAM_MODE_OPTIONS); every mode's engine alive at once, "
         f"rollouts interleaved mode by mode, medians of {args.repeats}).",
         "",
-        "| mode | K | tokens/s | vs off | tail tokens/s | tail vs off | tokens/request-step | tail tokens/request-step | tail time share |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| mode | K | tokens/s | vs off | tail tokens/s | tail vs off | tail tokens/s per request | vs off | "
+        "tokens/request-step | tail tokens/request-step | tail time share |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+
+    def vs_base(r: dict, key: str) -> str:
+        return f"{r[key] / base[key]:.2f}x" if base and base[key] else "-"
+
     for r in rows:
-        rel = f"{r['tok_s'] / base['tok_s']:.2f}x" if base else "-"
-        rel_tail = f"{r['tail_tok_s'] / base['tail_tok_s']:.2f}x" if base and base["tail_tok_s"] else "-"
         lines.append(
-            f"| {r['mode']} | {r['k'] or '-'} | {r['tok_s']:.0f} | {rel} | {r['tail_tok_s']:.0f} | {rel_tail} | {r['tokens_per_request_step']:.2f} | "
-            f"{r['tail_tokens_per_request_step']:.2f} | {r['tail_time_share']:.2f} |"
+            f"| {r['mode']} | {r['k'] or '-'} | {r['tok_s']:.0f} | {vs_base(r, 'tok_s')} | {r['tail_tok_s']:.0f} | "
+            f"{vs_base(r, 'tail_tok_s')} | {r['tail_request_tok_s']:.0f} | {vs_base(r, 'tail_request_tok_s')} | "
+            f"{r['tokens_per_request_step']:.2f} | {r['tail_tokens_per_request_step']:.2f} | {r['tail_time_share']:.2f} |"
         )
+    lines += by_active_requests_table(timelines)
     (out / "rollout_e2e.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -175,6 +175,7 @@ SAM_VARIANTS = {
     "sam_group/min_match_1": {"min_match": 1},
     "sam_group/count_prior_0.5": {"count_prior": 0.5},
     "sam_group/count_prior_2": {"count_prior": 2.0},
+    "sam_group/no_prior_decay": {"prior_decay": 0.0},
     "sam_group/min_token_prob_0.03": {"min_token_prob": 0.03},
     "sam_group/tokens_per_match_3": {"tokens_per_match": 3.0},
     "sam_group/own_first_occurrence": {"own_latest": False},

@@ -164,10 +164,12 @@ def test_rejects_bad_input_and_reports_memory():
     assert real.counted and real.bytes_per_token() <= 64
 
 
-def oracle_frequent_draft(corpus: list[int], match: list[int], k: int, prior: float, min_prob: float) -> list[int]:
+def oracle_frequent_draft(
+    corpus: list[int], match: list[int], k: int, prior: float, min_prob: float, decay: float = 0.0
+) -> list[int]:
     """Brute force of drafting by counts: extend ``match`` by the continuation most of its occurrences in
     ``corpus`` take (latest occurrence on ties; separators are never drafted) while the product of count /
-    (count of the match so far + prior) stays >= min_prob."""
+    (count of the match so far + prior / (length of the match so far) ** decay) stays >= min_prob (min_match 1)."""
     draft: list[int] = []
     chance = 1.0
     w = list(match)
@@ -181,7 +183,7 @@ def oracle_frequent_draft(corpus: list[int], match: list[int], k: int, prior: fl
         if not candidates:
             break
         count, _, tok = max(candidates)
-        chance *= count / (len(ends) + prior)
+        chance *= count / (len(ends) + prior / len(w) ** decay)
         if chance < min_prob:
             break
         draft.append(tok)
@@ -205,9 +207,9 @@ def test_frequent_draft_matches_oracle(alphabet):
         for i, tok in enumerate(stream):
             m.feed([tok])
             match = stream[i + 1 - m.match_length : i + 1] if m.match_length else []
-            prior, min_prob = [(0.0, 0.0), (1.0, 0.05), (0.5, 0.3)][trial % 3]
-            got = m.draft_frequent(6, 1, prior, min_prob)
-            want = oracle_frequent_draft(corpus, match, 6, prior, min_prob) if match else []
+            prior, min_prob, decay = [(0.0, 0.0, 0.0), (1.0, 0.05, 0.0), (0.5, 0.3, 0.0), (1.0, 0.2, 1.0)][trial % 4]
+            got = m.draft_frequent(6, 1, prior, min_prob, decay)
+            want = oracle_frequent_draft(corpus, match, 6, prior, min_prob, decay) if match else []
             assert got == want, (corpus, match, got, want)
 
 
@@ -220,6 +222,14 @@ def test_counts_go_stale_when_the_text_grows():
     sa.count_occurrences()
     m.feed([1, 2])
     assert m.draft_frequent(3) == [4]  # 2 of 3 responses continue with 4 (the earliest occurrence has 3)
+    long = SuffixAutomaton()
+    long.extend(list(range(1, 20)) + [-1])
+    long.count_occurrences()
+    lm = long.matcher()
+    lm.feed([1, 2])
+    assert lm.draft_frequent(8, 2, 1.0, 0.05) == [3, 4, 5, 6]  # seen once: 1/2 per token, 4 tokens reach 0.0625
+    lm.feed(list(range(3, 11)))  # a match of 10 tokens seen once: the prior shrinks to 1/5, 5/6 per token
+    assert lm.draft_frequent(8, 2, 1.0, 0.05, decay=1.0) == list(range(11, 19))
     assert m.draft(3) == [3]
     sa.extend([1, 2, 3, -4])
     with pytest.raises(ValueError, match="count_occurrences"):

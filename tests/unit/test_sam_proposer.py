@@ -217,11 +217,15 @@ def test_group_drafts_follow_the_continuation_most_siblings_took_while_its_chanc
         slot = drafter.start(prompt, b"prompt")
         return drafter.step(np.array([slot]), np.array([10, 11, 12], np.int32), np.array([0, 3]), np.array([K]))[0]
 
-    # the match (prompt + opening) occurred 3 times, 2 went on with 30: chance 2/(3+1); then 2/(2+1) per token
-    assert draft_after_opening(min_token_prob=0.05) == majority  # 0.5, 0.33, 0.22, 0.15
-    assert draft_after_opening(min_token_prob=0.3) == majority[:2]
-    assert draft_after_opening(min_token_prob=0.6) == []
+    # the match (3 lead tokens + opening) occurred 3 times, 2 went on with 30: chance 2/(3+1); then 2/(2+1)
+    # per token with one prior at every match length
+    assert draft_after_opening(min_token_prob=0.05, prior_decay=0) == majority  # 0.5, 0.33, 0.22, 0.15
+    assert draft_after_opening(min_token_prob=0.3, prior_decay=0) == majority[:2]
+    assert draft_after_opening(min_token_prob=0.6, prior_decay=0) == []
     assert draft_after_opening(min_token_prob=0.6, count_prior=0) == majority  # 2/3, then 2/2 per token
+    # the prior shrinks by min_match / match length: 2/(3+2/6), then 2/(2+2/7), 2/(2+2/8), ...: 0.6, 0.53, 0.47, 0.42
+    assert draft_after_opening(min_token_prob=0.3) == majority
+    assert draft_after_opening(min_token_prob=0.5) == majority[:2]
     assert draft_after_opening(draft_from_counts=False) == earliest  # the first earlier occurrence
 
 
