@@ -41,6 +41,7 @@ from omegaconf import DictConfig, OmegaConf
 from scipy import stats
 
 from recipe.dapo.report import held_out_keys, read_history
+from recipe.dapo.timeline import speed_by_active_requests_vs_off
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -497,21 +498,6 @@ def run_config(run_dir: Path):
     return OmegaConf.load(path)
 
 
-def by_active_requests(timelines: dict[str, dict[int, list]]) -> list[dict]:
-    """Table (c): every mode's engine steps pooled by active requests, with tokens/s per active request over
-    spec off's in the same band."""
-    from recipe.dapo.timeline import ratio, speed_by_active_requests
-
-    bands = {m: speed_by_active_requests(tl for step in sorted(t) for tl in t[step]) for m, t in timelines.items()}
-    off = bands.get("off")
-    rows = []
-    for mode, mode_bands in bands.items():
-        for i, band in enumerate(mode_bands):
-            vs_off = ratio(band["request_tok_s"], off[i]["request_tok_s"]) if off else math.nan
-            rows.append({"mode": mode, **band, "request_tok_s_vs_off": vs_off})
-    return rows
-
-
 def report(name: str, runs_root: Path, out_root: Path, command: str, val_n: int | None) -> Path:
     runs_dir = runs_root / name
     runs = {m: h for m in MODES if (h := read_history(runs_dir / m))}
@@ -528,7 +514,10 @@ def report(name: str, runs_root: Path, out_root: Path, command: str, val_n: int 
     out = out_root / name
     out.mkdir(parents=True, exist_ok=True)
     t = tables(runs, val_n)
-    t["by_active"] = by_active_requests({m: load_timelines(runs_dir / m) for m in runs})
+    by_step = {m: load_timelines(runs_dir / m) for m in runs}
+    t["by_active"] = speed_by_active_requests_vs_off(
+        {m: [tl for step in sorted(tls) for tl in tls[step]] for m, tls in by_step.items()}
+    )
     for key, rows in t.items():
         if rows:
             pd.DataFrame(rows).to_csv(out / f"{key}.csv", index=False)

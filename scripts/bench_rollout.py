@@ -128,26 +128,23 @@ def by_active_requests_table(timelines: dict[str, list]) -> list[str]:
     """Markdown lines: every mode's engine steps pooled over its rollouts by active requests (recipe.dapo.timeline
     bands), tokens/s per active request and over spec off's in the same band. The long tail's tokens/s compares
     different requests when a drafter changes which ones are left at the end; a band compares equal batch sizes."""
-    from recipe.dapo.timeline import ACTIVE_BANDS, band_label, ratio, speed_by_active_requests
+    from recipe.dapo.timeline import ACTIVE_BANDS, band_label, speed_by_active_requests_vs_off
 
-    bands = {name: speed_by_active_requests(tls) for name, tls in timelines.items()}
-    off = bands.get("off")
     labels = [band_label(lo, hi) for lo, hi in ACTIVE_BANDS]
-    lines = [
+    cells: dict[str, list[str]] = {}
+    for band in speed_by_active_requests_vs_off(timelines):
+        cells.setdefault(band["mode"], []).append(
+            f"{band['request_tok_s']:.0f} ({band['request_tok_s_vs_off']:.2f}x, {band['time_share']:.2f})"
+        )
+    return [
         "",
         "Tokens/s per active request by active requests, every rollout's steps pooled (vs spec off in the same band; "
         "time share of the band in parentheses):",
         "",
         "| mode | " + " | ".join(labels) + " |",
         "|---|" + "---|" * len(labels),
+        *(f"| {mode} | " + " | ".join(row) + " |" for mode, row in cells.items()),
     ]
-    for name, mode_bands in bands.items():
-        cells = []
-        for i, band in enumerate(mode_bands):
-            vs_off = ratio(band["request_tok_s"], off[i]["request_tok_s"]) if off else float("nan")
-            cells.append(f"{band['request_tok_s']:.0f} ({vs_off:.2f}x, {band['time_share']:.2f})")
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    return lines
 
 
 def main() -> None:

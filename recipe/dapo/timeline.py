@@ -155,6 +155,22 @@ def speed_by_active_requests(
     ]
 
 
+def speed_by_active_requests_vs_off(timelines: dict[str, Iterable[RolloutTimeline]]) -> list[dict[str, float | str]]:
+    """:func:`speed_by_active_requests` of each mode's rollouts, one row per mode and band, with the band's tokens/s
+    per active request over spec off's (mode ``off``) in the same band (``request_tok_s_vs_off``; NaN without it)."""
+    bands = {mode: speed_by_active_requests(tls) for mode, tls in timelines.items()}
+    off = bands.get("off")
+    return [
+        {
+            "mode": mode,
+            **band,
+            "request_tok_s_vs_off": ratio(band["request_tok_s"], off[i]["request_tok_s"]) if off else NAN,
+        }
+        for mode, mode_bands in bands.items()
+        for i, band in enumerate(mode_bands)
+    ]
+
+
 def rollout_ratios(c: dict[str, float]) -> dict[str, float]:
     """Throughputs, acceptance and tail shares from the counts of ``RolloutTimeline.summary`` (of one round,
     or summed over a step's rounds); NaN tail ratios when there was no tail."""

@@ -222,15 +222,20 @@ def test_counts_go_stale_when_the_text_grows():
     sa.count_occurrences()
     m.feed([1, 2])
     assert m.draft_frequent(3) == [4]  # 2 of 3 responses continue with 4 (the earliest occurrence has 3)
-    long = SuffixAutomaton()
-    long.extend(list(range(1, 20)) + [-1])
-    long.count_occurrences()
-    lm = long.matcher()
-    lm.feed([1, 2])
-    assert lm.draft_frequent(8, 2, 1.0, 0.05) == [3, 4, 5, 6]  # seen once: 1/2 per token, 4 tokens reach 0.0625
-    lm.feed(list(range(3, 11)))  # a match of 10 tokens seen once: the prior shrinks to 1/5, 5/6 per token
-    assert lm.draft_frequent(8, 2, 1.0, 0.05, decay=1.0) == list(range(11, 19))
     assert m.draft(3) == [3]
     sa.extend([1, 2, 3, -4])
     with pytest.raises(ValueError, match="count_occurrences"):
         m.draft_frequent(3)
+
+
+def test_a_long_match_seen_once_drafts_on_when_the_prior_shrinks_with_its_length():
+    sa = SuffixAutomaton()
+    sa.extend(list(range(1, 20)) + [-1])
+    sa.count_occurrences()
+    m = sa.matcher()
+    m.feed([1, 2])
+    assert m.draft_frequent(8, 2, 1.0, 0.05) == [3, 4, 5, 6]  # seen once: 1/2 per token, 4 tokens reach 0.0625
+    m.feed(list(range(3, 11)))
+    assert m.draft_frequent(8, 2, 1.0, 0.05) == [11, 12, 13, 14]  # one prior at every match length: still 4
+    # a match of 10 tokens seen once: the prior shrinks to 2/10, 5/6 for the first token, more after it
+    assert m.draft_frequent(8, 2, 1.0, 0.05, decay=1.0) == list(range(11, 19))

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from recipe.dapo.timeline import RolloutTimeline, speed_by_active_requests, step_rollout_metrics
+from recipe.dapo.timeline import (
+    RolloutTimeline,
+    speed_by_active_requests,
+    speed_by_active_requests_vs_off,
+    step_rollout_metrics,
+)
 from recipe.engine import SpecCounters
 
 
@@ -55,6 +60,18 @@ def test_speed_by_active_requests_compares_equal_batch_sizes():
     assert bands["17-48"]["time_share"] == pytest.approx(0.01 / 0.023)
     assert bands["5-8"]["time_share"] == 0 and bands["5-8"]["tok_s"] != bands["5-8"]["tok_s"]  # empty: NaN
     assert sum(r["time_share"] for r in bands.values()) == pytest.approx(1.0)
+
+
+def test_speed_by_active_requests_vs_off_divides_band_by_band():
+    off = timeline([(0.01, 20, 20, 20), (0.002, 1, 1, 1)])  # 100 tok/s per request in 17-48, 500 alone
+    spec = [timeline([(0.01, 20, 20, 40), (0.004, 1, 1, 3)]), timeline([(0.004, 1, 1, 3)])]  # 200, 750
+    rows = {(r["mode"], r["active"]): r for r in speed_by_active_requests_vs_off({"off": [off], "sam": spec})}
+    assert rows[("sam", "17-48")]["request_tok_s_vs_off"] == pytest.approx(2.0)
+    assert rows[("sam", "1")]["request_tok_s_vs_off"] == pytest.approx(1.5)
+    assert rows[("off", "1")]["request_tok_s_vs_off"] == pytest.approx(1.0)
+    assert rows[("sam", "2-4")]["request_tok_s_vs_off"] != rows[("sam", "2-4")]["request_tok_s_vs_off"]  # empty: NaN
+    without_off = speed_by_active_requests_vs_off({"sam": spec})
+    assert all(r["request_tok_s_vs_off"] != r["request_tok_s_vs_off"] for r in without_off)
 
 
 def drafting_timeline(steps: list[tuple[float, int, int, int, int, int]]) -> RolloutTimeline:

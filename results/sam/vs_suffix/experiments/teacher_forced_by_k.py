@@ -7,25 +7,15 @@ chance cutoff that ignores the match length binds (a continuation seen once: 1/2
 """
 
 import json
-import pickle
 import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[4]
-sys.path.insert(0, str(REPO / "scripts"))
-sys.path.insert(0, str(REPO))
+from teacher_forced_variants import bench_sam, load_corpora
 
-import bench_sam  # noqa: E402
-
-CACHE = Path("/tmp/teacher_forced_corpora.pkl")  # sampling the model's corpus takes a minute; reuse it between runs
+LABELS = {"embedded_task_samples": "model samples", "vllm_sibling_files": "vLLM files"}
 
 
 def main() -> None:
-    if CACHE.exists():
-        corpora = pickle.loads(CACHE.read_bytes())
-    else:
-        corpora = {"model samples": bench_sam.task_samples(24, 8), "vLLM files": bench_sam.sibling_files(8, 6000)}
-        CACHE.write_bytes(pickle.dumps(corpora))
+    corpora = load_corpora()
     variants = json.loads(sys.argv[1])
     bench_sam.SAM_VARIANTS.update(variants)
     modes = sys.argv[2].split(",") + list(variants)
@@ -36,7 +26,9 @@ def main() -> None:
             result = bench_sam.teacher_forced(groups, modes)
             for mode in modes:
                 r = result[mode]
-                print(f"| {k} | {name} | {mode} | {r['accepted_per_position']:.3f} | {r['drafted_per_position']:.3f} |")
+                print(
+                    f"| {k} | {LABELS[name]} | {mode} | {r['accepted_per_position']:.3f} | {r['drafted_per_position']:.3f} |"
+                )
             sys.stdout.flush()
 
 

@@ -25,15 +25,20 @@ import bench_sam  # noqa: E402
 CACHE = Path("/tmp/teacher_forced_corpora.pkl")  # sampling the model's corpus takes a minute; reuse it between runs
 
 
-def main() -> None:
+def load_corpora() -> dict[str, list]:
+    """bench_sam.py's two corpora, from the cache when an earlier run (of this or teacher_forced_by_k.py) left it."""
     if CACHE.exists():
-        corpora = pickle.loads(CACHE.read_bytes())
-    else:
-        corpora = {
-            "embedded_task_samples": bench_sam.task_samples(24, 8),
-            "vllm_sibling_files": bench_sam.sibling_files(8, 6000),
-        }
-        CACHE.write_bytes(pickle.dumps(corpora))
+        return pickle.loads(CACHE.read_bytes())
+    corpora = {
+        "embedded_task_samples": bench_sam.task_samples(24, 8),
+        "vllm_sibling_files": bench_sam.sibling_files(8, 6000),
+    }
+    CACHE.write_bytes(pickle.dumps(corpora))
+    return corpora
+
+
+def main() -> None:
+    corpora = load_corpora()
     variants = json.loads(sys.argv[1])
     bench_sam.SAM_VARIANTS.update(variants)
     modes = sys.argv[2].split(",") + list(variants)
