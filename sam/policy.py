@@ -111,7 +111,7 @@ class ResponseCorpus:
     def holding(
         cls, pool: AutomatonPool, lead: np.ndarray, counted: bool, responses: list[np.ndarray]
     ) -> ResponseCorpus:
-        """A corpus of ``responses``, sized for exactly them (a history is rebuilt whole, never grown)."""
+        """A corpus of ``responses``, sized for exactly them (a history rebuilt after its oldest responses were dropped)."""
         corpus = cls(pool, lead, counted, capacity=sum(lead.size + r.size + 1 for r in responses))
         corpus.add(responses)
         return corpus
@@ -189,14 +189,22 @@ class GroupStore:
         if not opts.cross_epoch:
             self._drop(key)
             return
-        kept = group.history.responses + group.siblings.responses + ([response] if response.size else [])
+        rollout = group.siblings.responses + ([response] if response.size else [])
+        kept = group.history.responses + rollout
         sizes = [group.lead.size + r.size + 1 for r in kept]
-        while kept and sum(sizes) > opts.max_history_tokens:
-            kept.pop(0)
-            sizes.pop(0)
         self.history_bytes -= group.history.nbytes
-        group.close()
-        group.history = ResponseCorpus.holding(self.pool, group.lead, group.counted, kept)
+        if sum(sizes) <= opts.max_history_tokens:
+            # within the bound the rollout's responses are appended: the same automaton a rebuild would make, at
+            # the cost of the new tokens instead of the whole history (rebuilt at every rollout, it cost up to 8% of
+            # a rollout's time once a few epochs were kept; results/sam/vs_suffix)
+            group.history.add(rollout)
+            group.siblings.close()
+        else:
+            while kept and sum(sizes) > opts.max_history_tokens:
+                kept.pop(0)
+                sizes.pop(0)
+            group.close()
+            group.history = ResponseCorpus.holding(self.pool, group.lead, group.counted, kept)
         group.siblings = ResponseCorpus(self.pool, group.lead, group.counted)
         self.history_bytes += group.history.nbytes
         for k in [k for k, g in self.groups.items() if g.active == 0 and k != key]:  # least recently used first

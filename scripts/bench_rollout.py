@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -133,13 +134,17 @@ def by_active_requests_table(timelines: dict[str, list]) -> list[str]:
     labels = [band_label(lo, hi) for lo, hi in ACTIVE_BANDS]
     cells: dict[str, list[str]] = {}
     for band in speed_by_active_requests_vs_off(timelines):
-        cells.setdefault(band["mode"], []).append(
-            f"{band['request_tok_s']:.0f} ({band['request_tok_s_vs_off']:.2f}x, {band['time_share']:.2f})"
+        speed, vs_off = band["request_tok_s"], band["request_tok_s_vs_off"]
+        cell = (
+            "-"
+            if math.isnan(speed)
+            else f"{speed:.0f} ({'-' if math.isnan(vs_off) else f'{vs_off:.2f}x'}, {band['time_share']:.2f})"
         )
+        cells.setdefault(band["mode"], []).append(cell)
     return [
         "",
         "Tokens/s per active request by active requests, every rollout's steps pooled (vs spec off in the same band; "
-        "time share of the band in parentheses):",
+        "time share of the band in parentheses; -: no step in that band):",
         "",
         "| mode | " + " | ".join(labels) + " |",
         "|---|" + "---|" * len(labels),

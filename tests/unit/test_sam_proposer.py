@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from sam import SuffixAutomaton
-from sam.policy import BatchDrafter, SAMOptions
+from sam.automaton import AutomatonPool
+from sam.policy import BatchDrafter, GroupStore, ResponseCorpus, SAMOptions
 from sam.vllm import SAMProposer
 
 K = 4
@@ -307,6 +308,41 @@ def test_history_is_bounded_by_bytes_and_evicted_memory_is_freed():
     assert [int(g.lead[-1]) for g in store.groups.values()] == [3 + 4, 3 + 5]  # the two most recent prompts
     assert store.history_bytes == sum(g.history.nbytes for g in store.groups.values()) <= 2.5 * one_history
     assert store.pool.live() == 2 * len(store.groups)  # siblings + history automaton per kept group, the rest freed
+
+
+def test_history_grows_in_place_within_its_bound_and_drops_its_oldest_beyond_it():
+    """A prompt's history takes each rollout's responses by appending them (the cost of the new tokens, not of the
+    whole history), drafting exactly as a history built whole from the same responses; past max_history_tokens
+    it is rebuilt without its oldest responses."""
+    rng = np.random.default_rng(7)
+    lead = np.array([1, 2, 3], dtype=np.int32)
+    per_response = lead.size + 20 + 1
+    opts = SAMOptions.from_dict({"cross_epoch": True, "group_sharing": True, "max_history_tokens": 4 * per_response})
+    store = GroupStore(opts, AutomatonPool())
+    rollouts = [[rng.integers(10, 14, 20).astype(np.int32) for _ in range(2)] for _ in range(3)]  # 4 symbols: repeats
+    kept = []  # the history corpus after each rollout
+    for responses in rollouts:
+        groups = [store.join(b"p", lead) for _ in responses]
+        for group, response in zip(groups, responses, strict=True):
+            store.leave(b"p", group, response)
+        kept.append(store.groups[b"p"].history)
+        if len(kept) == 2:  # two rollouts, 4 responses: at the bound, appended to the same corpus
+            history = kept[1]
+            assert history is kept[0] and len(history.responses) == 4
+            whole = ResponseCorpus.holding(store.pool, lead, True, history.responses)
+            assert np.array_equal(history.automaton.text(), whole.automaton.text())
+            for probe in (r[:cut] for r in rollouts[1] for cut in range(2, 20, 3)):
+                grown, built = history.automaton.matcher(), whole.automaton.matcher()
+                grown.feed(np.concatenate([lead, probe]))
+                built.feed(np.concatenate([lead, probe]))
+                assert grown.match_length == built.match_length >= 3
+                assert grown.draft_frequent(6, 2, 1.0, 0.05, 1.0) == built.draft_frequent(6, 2, 1.0, 0.05, 1.0)
+            whole.close()
+    history = kept[2]
+    assert history is not kept[1]  # over the bound: rebuilt without the first rollout's responses
+    assert [r.tolist() for r in history.responses] == [r.tolist() for r in rollouts[1] + rollouts[2]]
+    assert len(history.automaton) == 4 * per_response
+    assert store.history_bytes == history.nbytes
 
 
 def test_a_history_bound_too_small_for_one_prompt_is_refused_at_start():
