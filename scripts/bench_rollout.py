@@ -125,6 +125,35 @@ def engine_spec(method: str, k: int, schedule: list[list[int]] | None = None) ->
     return spec_from_config(spec_group(method, num_speculative_tokens=k, **{K_BY_BATCH_KEY: schedule}))[0]
 
 
+def mode_defaults() -> dict:
+    """What every mode name starts from (:func:`parse_mode`): SAM's options from configs/spec before a mode's own,
+    and each method's K as configs/spec sets it (noop prices the path at SAM's K)."""
+    from omegaconf import OmegaConf
+
+    from recipe.dapo.config import spec_group
+
+    sam_cfg = spec_group("sam")
+    return {
+        "sam": OmegaConf.to_container(sam_cfg.sam),
+        "k": {m: spec_group(m).num_speculative_tokens for m in ("ngram", "suffix", "sam")}
+        | {"noop": sam_cfg.num_speculative_tokens},
+    }
+
+
+def mode_engine(ckpt: Path, method: str, k: int, sam_opts: dict | None, schedule: list[list[int]] | None):
+    """A vLLM engine for one parsed mode (:func:`parse_mode`'s result), kept whole between rollouts."""
+    from recipe.dapo.rollout import RolloutEngine
+    from recipe.engine import EngineOptions
+
+    return RolloutEngine(
+        str(ckpt),
+        engine_spec(method, k, schedule),
+        EngineOptions(max_model_len=1024, seed=0, dtype="float32"),
+        {"sam": sam_opts} if sam_opts else None,
+        free_cache_engine=False,
+    )
+
+
 def by_active_requests_table(timelines: dict[str, list]) -> list[str]:
     """Markdown lines: every mode's engine steps pooled over its rollouts by active requests (recipe.dapo.timeline
     bands), tokens/s per active request and over spec off's in the same band. The long tail's tokens/s compares
@@ -155,10 +184,7 @@ def by_active_requests_table(timelines: dict[str, list]) -> list[str]:
 def main() -> None:
     from omegaconf import OmegaConf
 
-    from recipe.dapo.config import spec_group
     from recipe.dapo.data import load_prompts
-    from recipe.dapo.rollout import RolloutEngine
-    from recipe.engine import EngineOptions
     from recipe.sft.train import ensure_base_model
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -184,27 +210,17 @@ def main() -> None:
     warm, prompts = ids[: args.prompts], ids[args.prompts : 2 * args.prompts]
     sampling = {"temperature": 1.0, "top_p": 1.0, "max_tokens": 768}
     gate = args.tail if args.gate is None else args.gate
-    sam_cfg = spec_group("sam")
-    sam_defaults = {
-        "sam": OmegaConf.to_container(sam_cfg.sam),  # every SAM mode's options before its own
-        # each method's K as configs/spec sets it; noop prices the path at SAM's K
-        "k": {m: spec_group(m).num_speculative_tokens for m in ("ngram", "suffix", "sam")}
-        | {"noop": sam_cfg.num_speculative_tokens},
-    }
+    defaults = mode_defaults()
     engines, ks = {}, {}
     for name in args.modes.split(","):
-        parsed = parse_mode(name, gate, sam_defaults)
+        parsed = parse_mode(name, gate, defaults)
         if parsed is None:
             parser.error(
                 f"--modes: unknown mode {name!r}; known: {', '.join(MODES)} "
                 "(SAM modes take @<gate>/k<K>/s<batch>x<K>/t<tokens>/l<lead>)"
             )
-        method, ks[name], sam_opts, schedule = parsed
-        spec = engine_spec(method, ks[name], schedule)
-        extra = {"sam": sam_opts} if sam_opts else None
-        engine = RolloutEngine(
-            str(ckpt), spec, EngineOptions(max_model_len=1024, seed=0, dtype="float32"), extra, free_cache_engine=False
-        )
+        method, ks[name], sam_opts, _ = parsed
+        engine = mode_engine(ckpt, *parsed)
         engine.generate(warm, args.n, sampling)  # same shape on other prompts: every batch size seen once
         if method == "suffix" or (sam_opts and sam_opts["cross_epoch"]):
             engine.generate(prompts, args.n, sampling)  # the previous epoch of the same prompts

@@ -21,28 +21,17 @@ def main() -> None:
     from omegaconf import OmegaConf
 
     from mtp.checkpoint import load_tokenizer
-    from recipe.dapo.config import spec_group
     from recipe.dapo.data import load_prompts
-    from recipe.dapo.rollout import RolloutEngine
-    from recipe.engine import EngineOptions
     from recipe.sft.train import ensure_base_model
 
     ckpt = ensure_base_model(OmegaConf.load(REPO / "configs" / "sft.yaml"))
     _, ids = load_prompts(str(ckpt.parent / "data" / "test.parquet"), load_tokenizer(ckpt), 160)
-    options = EngineOptions(max_model_len=1024, seed=0, dtype="float32")
     batch = int(sys.argv[2]) if len(sys.argv) > 2 else 1
     sampling = {"temperature": 1.0, "top_p": 1.0, "max_tokens": 768}
     tail = {"temperature": 1.0, "top_p": 1.0, "max_tokens": 400, "ignore_eos": True}
-    sam_defaults = {
-        "sam": OmegaConf.to_container(spec_group("sam").sam),
-        "k": {m: spec_group(m).num_speculative_tokens for m in ("ngram", "suffix", "sam")} | {"noop": 6},
-    }
+    defaults = bench_rollout.mode_defaults()
     for name in sys.argv[1].split(","):
-        method, k, sam_opts, schedule = bench_rollout.parse_mode(name, 1024, sam_defaults)
-        spec = bench_rollout.engine_spec(method, k, schedule)
-        engine = RolloutEngine(
-            str(ckpt), spec, options, {"sam": sam_opts} if sam_opts else None, free_cache_engine=False
-        )
+        engine = bench_rollout.mode_engine(ckpt, *bench_rollout.parse_mode(name, 1024, defaults))
         engine.generate(ids[:16], 16, sampling)
         engine.generate(ids[16 : 16 + batch], 16, sampling)
         profile = cProfile.Profile()

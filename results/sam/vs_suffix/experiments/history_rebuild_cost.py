@@ -21,10 +21,7 @@ def main() -> None:
 
     import sam.policy
     from mtp.checkpoint import load_tokenizer
-    from recipe.dapo.config import spec_group
     from recipe.dapo.data import load_prompts
-    from recipe.dapo.rollout import RolloutEngine
-    from recipe.engine import EngineOptions
     from recipe.sft.train import ensure_base_model
 
     spent = {"leave": 0.0, "finishes": 0, "emptying": 0.0}
@@ -43,18 +40,8 @@ def main() -> None:
     ckpt = ensure_base_model(OmegaConf.load(REPO / "configs" / "sft.yaml"))
     _, ids = load_prompts(str(ckpt.parent / "data" / "test.parquet"), load_tokenizer(ckpt), 160)
     sampling = {"temperature": 1.0, "top_p": 1.0, "max_tokens": 768}
-    sam_defaults = {
-        "sam": OmegaConf.to_container(spec_group("sam").sam),
-        "k": {m: spec_group(m).num_speculative_tokens for m in ("ngram", "suffix", "sam")} | {"noop": 6},
-    }
-    method, k, sam_opts, schedule = bench_rollout.parse_mode("sam+group+epoch", 256, sam_defaults)
-    engine = RolloutEngine(
-        str(ckpt),
-        bench_rollout.engine_spec(method, k, schedule),
-        EngineOptions(max_model_len=1024, seed=0, dtype="float32"),
-        {"sam": sam_opts},
-        free_cache_engine=False,
-    )
+    defaults = bench_rollout.mode_defaults()
+    engine = bench_rollout.mode_engine(ckpt, *bench_rollout.parse_mode("sam+group+epoch", 256, defaults))
     engine.generate(ids[:12], 8, sampling)
     engine.generate(ids[12:24], 8, sampling)
     for rollout in range(12):

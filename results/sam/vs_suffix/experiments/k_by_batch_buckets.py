@@ -13,37 +13,25 @@ BUCKETS = [(1, 8), (9, 16), (17, 32), (33, 64), (65, 96)]
 
 
 def main():
-    from bench_rollout import engine_spec, parse_mode
+    from bench_rollout import mode_defaults, mode_engine, parse_mode
     from omegaconf import OmegaConf
 
     from mtp.checkpoint import load_tokenizer
-    from recipe.dapo.config import spec_group
     from recipe.dapo.data import load_prompts
-    from recipe.dapo.rollout import RolloutEngine
-    from recipe.engine import EngineOptions
     from recipe.sft.train import ensure_base_model
 
     ckpt = ensure_base_model(OmegaConf.load(REPO / "configs" / "sft.yaml"))
     _, ids = load_prompts(str(ckpt.parent / "data" / "test.parquet"), load_tokenizer(ckpt), 160)
     warm, prompts = ids[:12], ids[12:24]
     sampling = {"temperature": 1.0, "top_p": 1.0, "max_tokens": 768}
-    sam_cfg = spec_group("sam")
-    sd = {
-        "sam": OmegaConf.to_container(sam_cfg.sam),
-        "k": {m: spec_group(m).num_speculative_tokens for m in ("ngram", "suffix", "sam")} | {"noop": 6},
-    }
+    defaults = mode_defaults()
     modes = sys.argv[1].split(",")
     reps = int(sys.argv[2])
     engines = {}
     for name in modes:
-        method, k, so, _ = parse_mode(name, 256, sd)
-        e = RolloutEngine(
-            str(ckpt),
-            engine_spec(method, k),
-            EngineOptions(max_model_len=1024, seed=0, dtype="float32"),
-            {"sam": so} if so else None,
-            free_cache_engine=False,
-        )
+        parsed = parse_mode(name, 256, defaults)
+        method, _, so, _ = parsed
+        e = mode_engine(ckpt, *parsed)
         e.generate(warm, 8, sampling)
         if method == "suffix" or (so and so["cross_epoch"]):
             e.generate(prompts, 8, sampling)

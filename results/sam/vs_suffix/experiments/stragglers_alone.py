@@ -27,29 +27,15 @@ def main() -> None:
     from omegaconf import OmegaConf
 
     from mtp.checkpoint import load_tokenizer
-    from recipe.dapo.config import spec_group
     from recipe.dapo.data import load_prompts
-    from recipe.dapo.rollout import RolloutEngine
-    from recipe.engine import EngineOptions
     from recipe.sft.train import ensure_base_model
 
     ckpt = ensure_base_model(OmegaConf.load(REPO / "configs" / "sft.yaml"))
     _, ids = load_prompts(str(ckpt.parent / "data" / "test.parquet"), load_tokenizer(ckpt), 160)
     prompt = [ids[15]]
     sampling = {"temperature": 1.0, "top_p": 1.0, "max_tokens": 768}
-    sam_defaults = {
-        "sam": OmegaConf.to_container(spec_group("sam").sam),
-        "k": {m: spec_group(m).num_speculative_tokens for m in ("ngram", "suffix", "sam")} | {"noop": 6},
-    }
     for name in sys.argv[1].split(","):
-        method, k, sam_opts, schedule = bench_rollout.parse_mode(name, 1024, sam_defaults)
-        engine = RolloutEngine(
-            str(ckpt),
-            bench_rollout.engine_spec(method, k, schedule),
-            EngineOptions(max_model_len=1024, seed=0, dtype="float32"),
-            {"sam": sam_opts} if sam_opts else None,
-            free_cache_engine=False,
-        )
+        engine = bench_rollout.mode_engine(ckpt, *bench_rollout.parse_mode(name, 1024, bench_rollout.mode_defaults()))
         engine.generate(prompt, 8, sampling)
         runs = []
         for _ in range(REPEATS):
