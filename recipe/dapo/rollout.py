@@ -9,6 +9,7 @@ generate, update weights, sleep/wake, plus evaluation and the drafter's cross-ro
 from __future__ import annotations
 
 import logging
+import pickle
 import time
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -155,20 +156,37 @@ def _reseed_worker(worker, seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def _record_suffix_tree_on_worker(worker) -> None:
+    """Runs in a vLLM worker before its first request: with the suffix method's global tree on, swap in a cache
+    that keeps what goes into it (see :mod:`recipe.dapo.suffix_memory`)."""
+    from vllm.v1.spec_decode.suffix_decoding import SuffixDecodingProposer
+
+    drafter = getattr(worker.model_runner, "drafter", None)
+    if isinstance(drafter, SuffixDecodingProposer) and drafter.suffix_cache.max_cached_requests != 0:
+        from recipe.dapo.suffix_memory import RecordedSuffixCache
+
+        old = drafter.suffix_cache
+        drafter.suffix_cache = RecordedSuffixCache(old.max_tree_depth, old.max_cached_requests)
+
+
 def _drafter_state_on_worker(worker, blob: bytes | None = None) -> bytes | None:
     """Runs in a vLLM worker: get (``blob=None``) or set the drafter's cross-rollout memory, as one pickled blob
-    (vLLM's RPC turns nested bytes into memoryviews it cannot forward to workers). Only SAM keeps one (suffix
-    decoding's global tree is not exposed by vLLM); None otherwise."""
-    import pickle
-
+    (vLLM's RPC turns nested bytes into memoryviews it cannot forward to workers): SAM's per-prompt history, or
+    the responses in suffix's global tree (recorded by :func:`_record_suffix_tree_on_worker`). None for other
+    drafters."""
     from sam.vllm import SAMProposer
 
     drafter = getattr(worker.model_runner, "drafter", None)
-    if not isinstance(drafter, SAMProposer):
+    if isinstance(drafter, SAMProposer):
+        if blob is None:
+            return pickle.dumps(drafter.state_dict())
+        drafter.load_state_dict(pickle.loads(blob))
         return None
-    if blob is None:
-        return pickle.dumps(drafter.state_dict())
-    drafter.load_state_dict(pickle.loads(blob))
+    cache = getattr(drafter, "suffix_cache", None)
+    if type(cache).__name__ == "RecordedSuffixCache":  # not imported here: Arctic Inference is optional
+        if blob is None:
+            return pickle.dumps(cache.responses())
+        cache.replay(pickle.loads(blob))
     return None
 
 
@@ -188,6 +206,7 @@ class RolloutEngine:
         self.tokenizer = self.llm.get_tokenizer()
         self.can_sleep = free_cache_engine and on_gpu()
         self._request_counter = 0
+        self.llm.collective_rpc(_record_suffix_tree_on_worker)
         if free_cache_engine and not self.can_sleep:
             logger.info("rollout.free_cache_engine: vLLM sleep mode needs a GPU; the CPU engine stays resident")
 
@@ -251,11 +270,18 @@ class RolloutEngine:
         self.llm.collective_rpc(_reseed_worker, args=(seed,))
 
     def drafter_state(self) -> bytes | None:
-        """The drafter's cross-rollout memory (SAM's per-prompt history) for a checkpoint; None without one."""
-        return self.llm.collective_rpc(_drafter_state_on_worker)[0]
+        """The drafter's cross-rollout memory for a checkpoint (SAM's per-prompt history, the responses in suffix's
+        global tree), tagged with its speculative method; None without one."""
+        state = self.llm.collective_rpc(_drafter_state_on_worker)[0]
+        return None if state is None else pickle.dumps({"method": self.spec_config["method"], "state": state})
 
     def load_drafter_state(self, blob: bytes) -> None:
-        self.llm.collective_rpc(_drafter_state_on_worker, args=(blob,))
+        saved = pickle.loads(blob)
+        method = (self.spec_config or {}).get("method")
+        if saved["method"] != method:
+            logger.warning("drafter memory saved by spec method %r not loaded into %r", saved["method"], method)
+            return
+        self.llm.collective_rpc(_drafter_state_on_worker, args=(saved["state"],))
 
     def close(self) -> None:
         """Stop the engine's processes now (left to interpreter exit, vLLM's shutdown can hang)."""
