@@ -98,6 +98,17 @@ def validate(cfg: DictConfig) -> None:
     data = cfg.data
     for key in ("train_batch_size", "gen_batch_size", "max_prompt_length", "max_response_length"):
         _require(data[key] >= 1, f"data.{key}", f"must be >= 1, got {data[key]}")
+    if spec.method == "sam" and spec.sam.cross_epoch:
+        # a history keeps whole responses, each stored after the prompt's lead tokens and before a separator: a
+        # bound under one full-length response would silently keep nothing
+        one_response = spec.sam.lead_tokens + data.max_response_length + 1
+        _require(
+            spec.sam.max_history_tokens >= one_response,
+            "spec.sam.max_history_tokens",
+            f"must hold one response of data.max_response_length={data.max_response_length} tokens (with "
+            f"spec.sam.lead_tokens={spec.sam.lead_tokens} and a separator: {one_response}), got "
+            f"{spec.sam.max_history_tokens}; raise it, or set spec.sam.cross_epoch=false to keep no history",
+        )
     for key in ("train_max_samples", "val_max_samples"):
         _require(data[key] == -1 or data[key] >= 1, f"data.{key}", f"must be >= 1 or -1 (all), got {data[key]}")
     for key in ("train_files", "val_files"):

@@ -97,6 +97,16 @@ def test_bad_values_fail_before_work_naming_the_key(override, key):
         validate(config(override))
 
 
+def test_sam_history_bound_must_hold_one_full_length_response():
+    """A per-prompt history bound under one response of data.max_response_length (plus the lead tokens and the
+    separator stored with it) would keep no history at all: an error naming the key, at the exact boundary."""
+    one = ("data.max_response_length=100", "reward.reward_kwargs.overlong_buffer_cfg.len=20", "spec.sam.lead_tokens=3")
+    validate(config(*one, "spec.sam.max_history_tokens=104"))
+    with pytest.raises(ConfigError, match=r"spec\.sam\.max_history_tokens: must hold one response .* got 103"):
+        validate(config(*one, "spec.sam.max_history_tokens=103"))
+    validate(config(*one, "spec.sam.max_history_tokens=103", "spec.sam.cross_epoch=false"))  # no history kept
+
+
 def test_cpu_trainer_keeps_freed_memory_for_reuse():
     """On glibc the trainer's mallopt calls succeed (each returns 1); elsewhere they are skipped, not faked."""
     import platform
