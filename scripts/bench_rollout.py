@@ -271,7 +271,9 @@ def main() -> None:
         f"--repeats {args.repeats} --tail {args.tail} --gate {gate} --modes {args.modes}` (temperature 1, long tail = "
         f"at most {args.tail} active requests, SAM drafts at most {gate} active requests unless a mode says @G, K, "
         "SAM options from configs/spec unless a mode says /<letter><value> (SAM_MODE_OPTIONS); every mode's engine alive at once, "
-        f"rollouts interleaved mode by mode, medians of {args.repeats}).",
+        f"rollouts interleaved mode by mode, medians of {args.repeats}). The tail columns read each mode's own tail, "
+        "which holds the requests that mode drafted worst (a drafter changes which requests are left at the end); the "
+        "table by active requests below compares equal batch sizes.",
         "",
         "| mode | K | tokens/s | vs off | tail tokens/s | tail vs off | tail tokens/s per request | vs off | "
         "tokens/request-step | tail tokens/request-step | tail time share |",
