@@ -96,6 +96,12 @@ class SAMOptions:
         return min(k, math.ceil(self.tokens_per_match * (match_length - self.min_match + 1)))
 
 
+def stored_tokens(lead_tokens: int, response_tokens: int) -> int:
+    """Tokens a response takes in a group corpus: the prompt's lead before it and a separator after it (what
+    ``max_history_tokens`` bounds)."""
+    return lead_tokens + response_tokens + 1
+
+
 class ResponseCorpus:
     """Responses to one prompt in one pooled automaton, each after the prompt's ``lead`` tokens and followed by a
     unique negative separator, with occurrence counts (drafts follow what most responses did)."""
@@ -112,7 +118,7 @@ class ResponseCorpus:
         cls, pool: AutomatonPool, lead: np.ndarray, counted: bool, responses: list[np.ndarray]
     ) -> ResponseCorpus:
         """A corpus of ``responses``, sized for exactly them (a history rebuilt after its oldest responses were dropped)."""
-        corpus = cls(pool, lead, counted, capacity=sum(lead.size + r.size + 1 for r in responses))
+        corpus = cls(pool, lead, counted, capacity=sum(stored_tokens(lead.size, r.size) for r in responses))
         corpus.add(responses)
         return corpus
 
@@ -191,7 +197,7 @@ class GroupStore:
             return
         rollout = group.siblings.responses + ([response] if response.size else [])
         kept = group.history.responses + rollout
-        sizes = [group.lead.size + r.size + 1 for r in kept]
+        sizes = [stored_tokens(group.lead.size, r.size) for r in kept]
         self.history_bytes -= group.history.nbytes
         if sum(sizes) <= opts.max_history_tokens:
             # within the bound the rollout's responses are appended: the same automaton a rebuild would make, at

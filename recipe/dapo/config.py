@@ -99,9 +99,10 @@ def validate(cfg: DictConfig) -> None:
     for key in ("train_batch_size", "gen_batch_size", "max_prompt_length", "max_response_length"):
         _require(data[key] >= 1, f"data.{key}", f"must be >= 1, got {data[key]}")
     if spec.method == "sam" and spec.sam.cross_epoch:
-        # a history keeps whole responses, each stored after the prompt's lead tokens and before a separator: a
-        # bound under one full-length response would silently keep nothing
-        one_response = spec.sam.lead_tokens + data.max_response_length + 1
+        from sam.policy import stored_tokens
+
+        # a history keeps whole responses: a bound under one full-length response would silently keep nothing
+        one_response = stored_tokens(spec.sam.lead_tokens, data.max_response_length)
         _require(
             spec.sam.max_history_tokens >= one_response,
             "spec.sam.max_history_tokens",
