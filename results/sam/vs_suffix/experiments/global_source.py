@@ -5,14 +5,14 @@ source_oracle.txt found that a third source holding every prompt's responses (wh
 worth +0.11 accepted per position on the vLLM files to an oracle, and every rule tried so far lost it: all responses
 in one group (longest match wins) lost 2.8% on the model's samples and drafted more than suffix; drafting from them
 only where SAM drafts nothing gained +0.75% at more drafting than suffix. Here the global material wins only when its
-match is at least MARGIN tokens longer than the longest of the request's own text and its siblings.
+match is longer than the longest of the request's own text and its siblings by a margin.
 
 Two drafters step side by side at every position, as bench_sam.teacher_forced runs them: the defaults (own text +
 siblings), and the same options with every prompt's finished responses as one group. A rule takes the second's draft
 when its group match exceeds the first's longest match by at least a margin and is at least a minimum length ("empty":
-only where the defaults draft nothing); "own 2 -> 1" also cuts own-text drafts from a 2-token match to one token (on
-the vLLM files they accept 35% of their tokens: yield.txt's question, whether the drafting the third source adds can
-be paid for there).
+only where the defaults draft nothing); "own 2 -> 1" also cuts own-text drafts from a 2-token match to one token, to ask
+whether the drafting the third source adds can be paid for where the defaults draft worst (the share of those drafts'
+tokens accepted is printed per corpus).
 
     .venv/bin/python results/sam/vs_suffix/experiments/global_source.py 4
 """
@@ -87,6 +87,9 @@ def main() -> None:
     for name, groups in load_corpora().items():
         recs = records(groups)
         print(f"\n{LABELS[name]}, K={bench_sam.K}: {len(recs)} positions")
+        short = [(ok, n) for _, _, ok, n, _, _, own_short in recs if own_short]
+        print(f"own-text drafts from a 2-token match: {len(short) / len(recs):.3f} of positions, "
+              f"{sum(ok for ok, _ in short) / sum(n for _, n in short):.3f} of their tokens accepted\n")  # fmt: skip
         print("| global material used where | own 2 -> 1 | accepted/position | drafted/position |\n|---|---|---|---|")
         for rule in RULES:
             margin, min_global, cut_own = rule
