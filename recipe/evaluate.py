@@ -1,7 +1,7 @@
 """Sampling-based evaluation of a policy checkpoint with vLLM: pass@1 and speculative acceptance.
 
-Scoring uses veRL's ``math_dapo.compute_score`` (the DAPO rule reward), so evaluation and RL reward
-agree on what a correct answer is.
+Scoring uses the training reward's scorer (``recipe.dapo.batch.compute_score``, by data source), so evaluation and
+RL reward agree on what a correct answer is.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from recipe.data.loader import Problem
 from recipe.engine import SpecCounters, spec_counters
 
 
-def score_response(text: str, ground_truth: str) -> dict:
-    """veRL's DAPO math scorer: ``{"score": +1/-1, "acc": bool, "pred": str}``."""
-    from verl.utils.reward_score.math_dapo import compute_score
+def score_response(text: str, ground_truth: str, data_source: str = "math_dapo") -> dict:
+    """The training reward's score of one response: ``{"score": +1/-1, "acc": bool, "pred": str}``."""
+    from recipe.dapo.batch import compute_score
 
-    return compute_score(text, ground_truth)
+    return compute_score(data_source, text, ground_truth)
 
 
 def chat_prompts(tokenizer, problems: list[Problem]) -> list[str]:
@@ -73,7 +73,7 @@ def evaluate(
     lengths, samples = [], []
     for problem, out in zip(problems, outputs, strict=True):
         for comp in out.outputs:
-            scored = score_response(comp.text, problem.ground_truth)
+            scored = score_response(comp.text, problem.ground_truth, problem.data_source)
             lengths.append(len(comp.token_ids))
             samples.append(
                 {"input": out.prompt, "output": comp.text, "gts": problem.ground_truth, "score": float(scored["score"]),

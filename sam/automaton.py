@@ -484,6 +484,7 @@ def step_rows(
     pf_l, cl_l, table_l, meta_l, stats_l,
     own, tok_flat, tok_off, ks, src_slot, src_state, src_len, src_seen,
     min_match, tokens_per_match, own_bonus, resync, count_prior, prior_decay, min_token_prob, own_latest, out, out_n,
+    out_group, out_mlen,
 ) -> None:  # fmt: skip
     """One decode step for every row: append row ``r``'s verified tokens to automaton ``own[r]``, advance its
     matchers into the group corpora ``src_slot[own[r]]`` (re-matching its last ``resync`` tokens when a corpus
@@ -495,9 +496,13 @@ def step_rows(
     (:func:`_draft_counted`). From the request's own text (never counted:
     it grows every step) it is what followed the latest earlier occurrence (``own_latest``; else the first),
     ``min(ks[r], ceil(tokens_per_match * (match - min_match + 1)))`` tokens; nothing below ``min_match``.
+    ``out_group[r]`` says whether the draft came from group material and ``out_mlen[r]`` is its match length (what
+    the drafting payoff rule, :mod:`sam.payoff`, estimates acceptance by).
     """
     for r in range(own.shape[0]):
         out_n[r] = 0
+        out_group[r] = 0
+        out_mlen[r] = 0
         s = own[r]
         if s < 0:
             continue
@@ -529,6 +534,8 @@ def step_rows(
         k = ks[r]
         if k <= 0 or best_mlen < min_match:
             continue
+        out_group[r] = best_slot != s
+        out_mlen[r] = best_mlen
         c_meta = meta_l[best_slot]
         if best_slot != s and c_meta[COUNTED_LEN] == c_meta[TEXT_LEN]:
             out_n[r] = _draft_counted(

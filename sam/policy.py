@@ -58,6 +58,8 @@ class SAMOptions:
     # match is mostly right (0: the same prior at every length, which stops such drafts after 4 tokens at 0.05)
     min_token_prob: float = 0.05  # drafts from group material stop where the whole draft's estimated chance falls
     # below this
+    payoff: bool = True  # keep a draft token only where its learned chance of acceptance pays for its learned
+    # verification cost at the step's batch size (sam/payoff.py); False: every draft the match rules give
 
     @classmethod
     def from_dict(cls, d: dict | None) -> SAMOptions:
@@ -253,8 +255,13 @@ class BatchDrafter:
         self.requests: dict[int, tuple[SuffixAutomaton, int, bytes, Group | None]] = {}
         self._size = 0
         self._resize(64)
-        self._out = np.zeros((64, k), dtype=np.int32)
-        self._out_n = np.zeros(64, dtype=np.int32)
+        self._alloc_out(64)
+
+    def _alloc_out(self, rows: int) -> None:
+        self._out = np.zeros((rows, self.k), dtype=np.int32)
+        self._out_n = np.zeros(rows, dtype=np.int32)
+        self._out_group = np.zeros(rows, dtype=np.int64)
+        self._out_mlen = np.zeros(rows, dtype=np.int64)
 
     def _resize(self, size: int) -> None:
         def grown(a: np.ndarray, fill: int) -> np.ndarray:
@@ -305,15 +312,27 @@ class BatchDrafter:
     def step(self, slots: np.ndarray, tokens: np.ndarray, offsets: np.ndarray, ks: np.ndarray) -> list[list[int]]:
         """Append ``tokens[offsets[r]:offsets[r + 1]]`` to request ``slots[r]`` (-1: no request) and draft up
         to ``ks[r]`` tokens for it."""
+        drafts, lengths, _, _ = self.step_arrays(slots, tokens, offsets, ks)
+        return draft_lists(drafts, lengths)
+
+    def step_arrays(
+        self, slots: np.ndarray, tokens: np.ndarray, offsets: np.ndarray, ks: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`step`, returning per row the draft buffer [rows, k], its length, whether it came from group
+        material and its match length (views, valid until the next step)."""
         rows = slots.shape[0]
         if self._out.shape[0] < rows:
-            self._out = np.zeros((rows, self.k), dtype=np.int32)
-            self._out_n = np.zeros(rows, dtype=np.int32)
+            self._alloc_out(rows)
         opts = self.options
         step_rows(
             *self.pool.lists, self.pool.stats, slots, tokens, offsets, ks, self.src_slot, self.src_state,
             self.src_len, self.src_seen, opts.min_match, float(opts.tokens_per_match), opts.own_bonus,
             opts.resync_tokens, float(opts.count_prior), float(opts.prior_decay), float(opts.min_token_prob),
-            opts.own_latest, self._out, self._out_n,
+            opts.own_latest, self._out, self._out_n, self._out_group, self._out_mlen,
         )  # fmt: skip
-        return [d[:n] for d, n in zip(self._out[:rows].tolist(), self._out_n[:rows].tolist(), strict=True)]
+        return self._out[:rows], self._out_n[:rows], self._out_group[:rows], self._out_mlen[:rows]
+
+
+def draft_lists(drafts: np.ndarray, lengths: np.ndarray) -> list[list[int]]:
+    """vLLM's per-row draft lists from a draft buffer and lengths."""
+    return [d[:n] for d, n in zip(drafts.tolist(), lengths.tolist(), strict=True)]

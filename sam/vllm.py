@@ -19,11 +19,13 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
+import time
 from itertools import chain
 
 import numpy as np
 
-from sam.policy import BatchDrafter, SAMOptions
+from sam.payoff import AcceptanceModel, StepCost, payoff_lengths
+from sam.policy import BatchDrafter, SAMOptions, draft_lists
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +46,15 @@ class SAMProposer:
         self.steps = 0
         self.gated_steps = 0
         self.preempted_steps = 0  # request-steps spent preempted (row missing, request kept)
+        # the payoff rule (sam/payoff.py): step cost and acceptance learned from this engine's own steps
+        self.step_cost = StepCost()
+        self.acceptance = AcceptanceModel(self.k)
+        self.clock = time.perf_counter  # what step times are read from
+        self._last_call: float | None = None  # when propose was last entered: one engine step ago
+        self._last_drafted = 0  # draft tokens proposed at the last call (verified in the step that just ran)
+        self._last_len = np.zeros(64, dtype=np.int64)  # per drafter slot: its last draft's length, source, band
+        self._last_group = np.zeros(64, dtype=np.int64)
+        self._last_band = np.zeros(64, dtype=np.int64)
         logger.info("SAMProposer: K=%d options=%s", self.k, self.options)
 
     def _k_by_batch(self, vllm_config) -> np.ndarray | None:
@@ -100,10 +111,10 @@ class SAMProposer:
         for rid in request_ids:
             self.drafter.finish(self.slot_of.pop(rid))
 
-    def _slots(self, req_ids: list, sampled_token_ids, before: np.ndarray, token_ids_cpu) -> np.ndarray:
-        """Drafter slot of each row (-1 for a new request that has not sampled yet). Finishes the requests the
-        runner no longer holds, then starts the new ones (so a new request's group already holds its finished
-        siblings)."""
+    def _slots(self, req_ids: list, sampled_token_ids, before: np.ndarray, token_ids_cpu) -> tuple[np.ndarray, int]:
+        """Drafter slot of each row (-1 for a new request that has not sampled yet) and how many rows started a
+        request in this step (their prompts were prefilled in it). Finishes the requests the runner no longer
+        holds, then starts the new ones (so a new request's group already holds its finished siblings)."""
         slot_of = self.slot_of
         slots = np.fromiter((slot_of.get(rid, -1) for rid in req_ids), dtype=np.int64, count=len(req_ids))
         known = int((slots >= 0).sum())
@@ -113,12 +124,52 @@ class SAMProposer:
             finished = [rid for rid in gone if rid not in unfinished]
             self.preempted_steps += len(gone) - len(finished)
             self._finish(finished)
-        for r in np.flatnonzero(slots < 0).tolist():
+        new = np.flatnonzero(slots < 0).tolist()
+        for r in new:
             if sampled_token_ids[r]:
                 prompt = np.asarray(token_ids_cpu[r, : int(before[r])], dtype=np.int32)
                 slots[r] = self.drafter.start(prompt, hashlib.blake2b(prompt.tobytes(), digest_size=16).digest())
                 slot_of[req_ids[r]] = int(slots[r])
-        return slots
+        return slots, len(new)
+
+    def _learn(self, now: float, rows: int, prefilled: int, slots: np.ndarray, counts: np.ndarray) -> None:
+        """What the step that just ran says: its time (against its rows and the drafts verified in it) and which
+        drafts it accepted. A step that prefilled a prompt is not a decode step's cost and is not timed."""
+        if self._last_call is not None and prefilled == 0 and rows > 0:
+            self.step_cost.observe(rows, self._last_drafted, now - self._last_call)
+        self._last_call = now
+        if self._last_len.size < self.drafter._size:
+            grow = self.drafter._size - self._last_len.size
+            self._last_len, self._last_group, self._last_band = (
+                np.concatenate([a, np.zeros(grow, dtype=np.int64)])
+                for a in (self._last_len, self._last_group, self._last_band)
+            )
+        known = slots[slots >= 0]
+        counts = counts[slots >= 0]
+        drafted = self._last_len[known]
+        verified = drafted > 0
+        if verified.any():
+            accepted = np.clip(counts[verified] - 1, 0, drafted[verified])
+            idx = known[verified]
+            self.acceptance.observe(self._last_group[idx], self._last_band[idx], drafted[verified], accepted)
+        self._last_len[:] = 0
+
+    def _pay(
+        self, rows: int, slots: np.ndarray, lengths: np.ndarray, group: np.ndarray, mlen: np.ndarray
+    ) -> np.ndarray:
+        """The payoff rule's draft lengths (nothing until the step cost is learned) and what it records for
+        :meth:`_learn` at the next step."""
+        band = self.acceptance.band(mlen)
+        if self.step_cost.known:
+            lengths = payoff_lengths(self.acceptance.chances(group, band), lengths, rows, self.step_cost.coef)
+        else:
+            lengths = np.zeros_like(lengths)
+        live = slots >= 0
+        self._last_len[slots[live]] = lengths[live]
+        self._last_group[slots[live]] = group[live]
+        self._last_band[slots[live]] = band[live]
+        self._last_drafted = int(lengths.sum())
+        return lengths
 
     def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, *args, **kwargs) -> list[list[int]]:
         if self.runner is None:
@@ -127,6 +178,7 @@ class SAMProposer:
                 "not run in this process (install this package, e.g. pip install -e ., and keep VLLM_PLUGINS unset "
                 "or naming it)"
             )
+        now = self.clock()
         self.steps += 1
         rows = len(sampled_token_ids)
         counts = np.fromiter(map(len, sampled_token_ids), dtype=np.int64, count=rows)
@@ -135,7 +187,9 @@ class SAMProposer:
         tokens = np.fromiter(chain.from_iterable(sampled_token_ids), dtype=np.int32, count=int(offsets[-1]))
         num_tokens = np.asarray(num_tokens_no_spec[:rows], dtype=np.int64)
         req_ids = self.runner.input_batch.req_ids[:rows]
-        slots = self._slots(req_ids, sampled_token_ids, num_tokens - counts, token_ids_cpu)
+        slots, prefilled = self._slots(req_ids, sampled_token_ids, num_tokens - counts, token_ids_cpu)
+        if self.options.payoff:
+            self._learn(now, rows, prefilled, slots, counts)
         live = int((slots >= 0).sum())  # the live batch: scheduled, started requests
         if live > self.options.batch_threshold:
             self.gated_steps += 1
@@ -143,7 +197,10 @@ class SAMProposer:
         else:
             k = self.k if self.k_by_batch is None else int(self.k_by_batch[min(live, len(self.k_by_batch) - 1)])
             ks = np.clip(self.max_model_len - num_tokens - 1, 0, k)
-        return self.drafter.step(slots, tokens, offsets, ks)
+        drafts, lengths, group, mlen = self.drafter.step_arrays(slots, tokens, offsets, ks)
+        if self.options.payoff:
+            lengths = self._pay(rows, slots, lengths.astype(np.int64), group, mlen)
+        return draft_lists(drafts, lengths)
 
 
 _HOOKED = "_sam_attach_runner"

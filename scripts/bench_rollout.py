@@ -1,4 +1,6 @@
-"""End-to-end rollout benchmark with vLLM on the base model: spec off vs vLLM n-gram and suffix vs SAM variants.
+"""End-to-end rollout benchmark with vLLM: spec off vs vLLM n-gram and suffix vs SAM variants, on the embedded base
+model and its task (default) or on a real model (``--model smollm2-135m-instruct``: its word problems, written to
+results/real).
 
 ``--repeats`` rollouts (``--prompts`` prompts x ``--n`` samples at temperature 1, the DAPO shape) per mode, on the same
 prompts, each engine warmed up on other prompts first. Reports tokens/s and mean tokens per request-step
@@ -10,11 +12,12 @@ modes (its global tree keeps earlier responses). ``@G`` sets a mode's gate (SAM 
 are active; default ``--gate``), ``/kK`` its draft length cap K, ``/s<B>x<K>`` a cap of <K> above <B> live requests
 (vLLM's ``num_speculative_tokens_per_batch_size``; any model-free mode), and ``/<letter><value>`` a SAM option
 (SAM_MODE_OPTIONS: ``/t`` tokens per match, ``/l`` lead tokens, ``/m`` min match, ``/o`` own bonus, ``/p`` min token
-prob, ``/d`` prior decay, ``/c0`` first-occurrence drafts from group material, ``/r0`` from the request's own text; defaults:
-configs/spec/<method>.yaml).
+prob, ``/d`` prior decay, ``/c0`` first-occurrence drafts from group material, ``/r0`` from the request's own text,
+``/y0`` every draft the match rules give instead of the payoff rule's; defaults: configs/spec/<method>.yaml).
 ``noop`` is vLLM's speculative path with a proposer that never drafts: the cost of the path itself.
 
     .venv/bin/python scripts/bench_rollout.py [--prompts 16 --n 8 --modes off,sam+group+epoch@256/k4/t1]
+    .venv/bin/python scripts/bench_rollout.py --model smollm2-135m-instruct --modes off,suffix,sam+group+epoch
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ SAM_MODE_OPTIONS = {  # letter of a SAM mode's "/<letter><value>" suffix -> (SAM
     "d": ("prior_decay", float),
     "c": ("draft_from_counts", lambda v: bool(int(v))),
     "r": ("own_latest", lambda v: bool(int(v))),
+    "y": ("payoff", lambda v: bool(int(v))),
 }
 
 
@@ -140,7 +144,15 @@ def mode_defaults() -> dict:
     }
 
 
-def mode_engine(ckpt: Path, method: str, k: int, sam_opts: dict | None, schedule: list[list[int]] | None):
+def mode_engine(
+    ckpt: Path,
+    method: str,
+    k: int,
+    sam_opts: dict | None,
+    schedule: list[list[int]] | None,
+    dtype: str = "float32",
+    memory_share: float | None = None,
+):
     """A vLLM engine for one parsed mode (:func:`parse_mode`'s result), kept whole between rollouts."""
     from recipe.dapo.rollout import RolloutEngine
     from recipe.engine import EngineOptions
@@ -148,7 +160,7 @@ def mode_engine(ckpt: Path, method: str, k: int, sam_opts: dict | None, schedule
     return RolloutEngine(
         str(ckpt),
         engine_spec(method, k, schedule),
-        EngineOptions(max_model_len=1024, seed=0, dtype="float32"),
+        EngineOptions(max_model_len=1024, seed=0, dtype=dtype, gpu_memory_utilization=memory_share),
         {"sam": sam_opts} if sam_opts else None,
         free_cache_engine=False,
     )
@@ -181,12 +193,45 @@ def by_active_requests_table(timelines: dict[str, list]) -> list[str]:
     ]
 
 
-def main() -> None:
-    from omegaconf import OmegaConf
+def band_columns(timelines: dict[str, list]) -> dict[str, dict[str, float]]:
+    """Per mode, ``tok_s_active_<lo>_<hi>``: tokens/s per active request in each band of active requests (the same
+    bands, recipe.dapo.timeline.ACTIVE_BANDS, for every mode; NaN for a band without steps)."""
+    from recipe.dapo.timeline import ACTIVE_BANDS, speed_by_active_requests_vs_off
 
+    out: dict[str, dict[str, float]] = {}
+    bands = speed_by_active_requests_vs_off(timelines)
+    for i, band in enumerate(bands):
+        lo, hi = ACTIVE_BANDS[i % len(ACTIVE_BANDS)]
+        name = f"tok_s_active_{lo}_{'inf' if hi >= 1 << 30 else hi}"
+        out.setdefault(band["mode"], {})[name] = float(band["request_tok_s"])
+    return out
+
+
+def rollout_inputs(model: str | None, max_prompts: int) -> tuple[Path, list[list[int]], str]:
+    """Checkpoint, prompt ids and engine dtype: the embedded base model on its test split (float32, as the local
+    trainer's rollouts), or a real model (recipe.models: a built-in name, .gguf or HF directory) on the held-out
+    word problems (recipe.data.word_problems; bf16)."""
+    from mtp.checkpoint import load_tokenizer
     from recipe.dapo.data import load_prompts
-    from recipe.sft.train import ensure_base_model
 
+    if model is None:
+        from omegaconf import OmegaConf
+
+        from recipe.sft.train import ensure_base_model
+
+        ckpt = ensure_base_model(OmegaConf.load(REPO_ROOT / "configs" / "sft.yaml"))
+        data, dtype = ckpt.parent / "data" / "test.parquet", "float32"
+    else:
+        from recipe.data.word_problems import write_splits
+        from recipe.models import resolve_model
+
+        ckpt = resolve_model(model)
+        data, dtype = write_splits(REPO_ROOT / "artifacts" / "word_problems")[1], "bfloat16"
+    _, ids = load_prompts(str(data), load_tokenizer(ckpt), 512, max_prompts)
+    return ckpt, ids, dtype
+
+
+def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--n", type=int, default=8)
@@ -198,17 +243,21 @@ def main() -> None:
         help="comma-separated; a SAM mode may name its gate, K and options: sam+group@32/k4/t1/l3/m2/o-1/p0.05/c1",
     )
     parser.add_argument("--repeats", type=int, default=3, help="rollouts per mode (interleaved); medians reported")
-    parser.add_argument("--out", default=str(REPO_ROOT / "results" / "sam"))
+    parser.add_argument(
+        "--model", default=None, help="a real model (built-in name, .gguf or HF dir); default: the embedded base model"
+    )
+    parser.add_argument("--max-tokens", type=int, default=None, help="response budget (default 768; real model 384)")
+    parser.add_argument("--memory-share", type=float, default=None, help="vLLM gpu_memory_utilization (CPU: of RAM)")
+    parser.add_argument("--out", default=None, help="default results/sam (embedded model) or results/real")
     args = parser.parse_args()
+    out = Path(args.out or REPO_ROOT / "results" / ("sam" if args.model is None else "real"))
 
-    ckpt = ensure_base_model(OmegaConf.load(REPO_ROOT / "configs" / "sft.yaml"))
-    from mtp.checkpoint import load_tokenizer
-
-    tok = load_tokenizer(ckpt)
-    _, ids = load_prompts(str(ckpt.parent / "data" / "test.parquet"), tok, 160)
-    # test prompts as they come: term counts are Pareto-distributed, so a few long traces make the long tail
+    ckpt, ids, dtype = rollout_inputs(args.model, 2 * args.prompts)
+    # held-out prompts as they come (embedded task: term counts are Pareto-distributed, so a few long traces make the
+    # long tail; word problems: the model rambles to the budget on some samples)
     warm, prompts = ids[: args.prompts], ids[args.prompts : 2 * args.prompts]
-    sampling = {"temperature": 1.0, "top_p": 1.0, "max_tokens": 768}
+    max_tokens = args.max_tokens or (768 if args.model is None else 384)
+    sampling = {"temperature": 1.0, "top_p": 1.0, "max_tokens": max_tokens}
     gate = args.tail if args.gate is None else args.gate
     defaults = mode_defaults()
     engines, ks = {}, {}
@@ -220,7 +269,7 @@ def main() -> None:
                 "(SAM modes take @<gate>/k<K>/s<batch>x<K>/t<tokens>/l<lead>)"
             )
         method, ks[name], sam_opts, _ = parsed
-        engine = mode_engine(ckpt, *parsed)
+        engine = mode_engine(ckpt, *parsed, dtype=dtype, memory_share=args.memory_share)
         engine.generate(warm, args.n, sampling)  # same shape on other prompts: every batch size seen once
         if method == "suffix" or (sam_opts and sam_opts["cross_epoch"]):
             engine.generate(prompts, args.n, sampling)  # the previous epoch of the same prompts
@@ -247,27 +296,35 @@ def main() -> None:
                 "k": ks[name],
                 "tokens": median("tokens"),
                 "rollout_s": median("rollout_time_s"),
-                "tok_s": median("throughput_tok_s"),
+                "rollout_tok_s": median("throughput_tok_s"),
                 "tail_tok_s": median("tail_throughput_tok_s"),
                 "tail_request_tok_s": median("tail_request_tok_s"),
                 "tail_time_share": median("tail_time_share"),
                 "tokens_per_request_step": median("tokens_per_request_step"),
                 "tail_tokens_per_request_step": median("tail_tokens_per_request_step"),
+                "acceptance": float(np.nansum([s["accepted_tokens"] for s in summaries]))
+                / max(float(np.nansum([s["draft_tokens"] for s in summaries])), 1.0),
+                "draft_tokens_per_token": float(np.nansum([s["draft_tokens"] for s in summaries]))
+                / max(float(np.nansum([s["tokens"] for s in summaries])), 1.0),
             }
         )
+    bands = band_columns(timelines)
+    for row in rows:
+        row.update(bands[row["mode"]])
     for engine in engines.values():
         engine.close()
     base = rows[0] if rows[0]["mode"] == "off" else None
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "rollout_e2e.csv", "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
+    model_arg = f"--model {args.model} " if args.model else ""
     lines = [
-        "# End-to-end rollouts with vLLM CPU on the base model",
+        f"# End-to-end rollouts with vLLM CPU on {args.model or 'the embedded base model'}",
         "",
-        f"Produced by `.venv/bin/python scripts/bench_rollout.py --prompts {args.prompts} --n {args.n} "
+        f"Produced by `.venv/bin/python scripts/bench_rollout.py {model_arg}--max-tokens {max_tokens} "
+        f"--prompts {args.prompts} --n {args.n} "
         f"--repeats {args.repeats} --tail {args.tail} --gate {gate} --modes {args.modes}` (temperature 1, long tail = "
         f"at most {args.tail} active requests, SAM drafts at most {gate} active requests unless a mode says @G, K, "
         "SAM options from configs/spec unless a mode says /<letter><value> (SAM_MODE_OPTIONS); every mode's engine alive at once, "
@@ -276,8 +333,8 @@ def main() -> None:
         "table by active requests below compares equal batch sizes.",
         "",
         "| mode | K | tokens/s | vs off | tail tokens/s | tail vs off | tail tokens/s per request | vs off | "
-        "tokens/request-step | tail tokens/request-step | tail time share |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "tokens/request-step | tail tokens/request-step | tail time share | drafted per token | accepted |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
 
     def vs_base(r: dict, key: str) -> str:
@@ -285,9 +342,11 @@ def main() -> None:
 
     for r in rows:
         lines.append(
-            f"| {r['mode']} | {r['k'] or '-'} | {r['tok_s']:.0f} | {vs_base(r, 'tok_s')} | {r['tail_tok_s']:.0f} | "
-            f"{vs_base(r, 'tail_tok_s')} | {r['tail_request_tok_s']:.0f} | {vs_base(r, 'tail_request_tok_s')} | "
-            f"{r['tokens_per_request_step']:.2f} | {r['tail_tokens_per_request_step']:.2f} | {r['tail_time_share']:.2f} |"
+            f"| {r['mode']} | {r['k'] or '-'} | {r['rollout_tok_s']:.0f} | {vs_base(r, 'rollout_tok_s')} | "
+            f"{r['tail_tok_s']:.0f} | {vs_base(r, 'tail_tok_s')} | {r['tail_request_tok_s']:.0f} | "
+            f"{vs_base(r, 'tail_request_tok_s')} | {r['tokens_per_request_step']:.2f} | "
+            f"{r['tail_tokens_per_request_step']:.2f} | {r['tail_time_share']:.2f} | "
+            f"{r['draft_tokens_per_token']:.2f} | {r['acceptance']:.2f} |"
         )
     lines += by_active_requests_table(timelines)
     (out / "rollout_e2e.md").write_text("\n".join(lines) + "\n")

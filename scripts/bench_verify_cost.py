@@ -9,7 +9,11 @@ off's. What a drafter must emit to break even is that multiple in tokens per req
 turns measured tokens per request-step at each K into the ceiling it implies (tokens per request-step over the
 step's cost ratio). Engines stay alive side by side and the modes take turns, batch size by batch size.
 
+``K=1of`` is the switch alone: one request of the batch drafts one token, the others none (vLLM then verifies the
+whole batch through its rejection sampler instead of its plain sampler).
+
     .venv/bin/python scripts/bench_verify_cost.py [--batches 4,8,16,32,64,96 --ks 1,2,4,6,8 --repeats 5]
+    .venv/bin/python scripts/bench_verify_cost.py --model smollm2-135m-instruct   # -> results/real
 """
 
 from __future__ import annotations
@@ -40,6 +44,16 @@ class FixedDraftProposer:
         return [[int(token_ids_cpu[r, int(num_tokens_no_spec[r]) - 1])] * self.k for r in range(len(sampled_token_ids))]
 
 
+class OneDraftProposer(FixedDraftProposer):
+    """Drafts one token for the batch's first row only: the cost of switching a step to verification."""
+
+    def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, *args, **kwargs) -> list[list[int]]:
+        drafts = [[] for _ in sampled_token_ids]
+        if drafts:
+            drafts[0] = [int(token_ids_cpu[0, int(num_tokens_no_spec[0]) - 1])]
+        return drafts
+
+
 def steady_step_ms(timeline, batch: int) -> float:
     """Median step time while all ``batch`` requests decode (the prefill step and any step after the first
     request finished are left out)."""
@@ -50,12 +64,10 @@ def steady_step_ms(timeline, batch: int) -> float:
 
 
 def main() -> None:
-    from omegaconf import OmegaConf
+    from bench_rollout import rollout_inputs
 
-    from recipe.dapo.data import load_prompts
     from recipe.dapo.rollout import RolloutEngine
     from recipe.engine import EngineOptions
-    from recipe.sft.train import ensure_base_model
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batches", default="4,8,16,32,64,96", help="live batch sizes (requests decoding at once)")
@@ -67,7 +79,8 @@ def main() -> None:
         default="",
         help="K:tokens-per-request-step pairs measured end to end (e.g. 6:4.53,8:5.36): adds the ceiling they imply",
     )
-    parser.add_argument("--out", default=str(REPO_ROOT / "results" / "sam"))
+    parser.add_argument("--model", default=None, help="a real model (recipe.models); default: the embedded base model")
+    parser.add_argument("--out", default=None, help="default results/sam (embedded model) or results/real")
     args = parser.parse_args()
     try:
         batches = [int(b) for b in args.batches.split(",")]
@@ -80,20 +93,17 @@ def main() -> None:
     if unpriced := set(emitted) - set(ks):
         parser.error(f"--acceptance names K={sorted(unpriced)} that --ks does not price")
 
-    ckpt = ensure_base_model(OmegaConf.load(REPO_ROOT / "configs" / "sft.yaml"))
-    from mtp.checkpoint import load_tokenizer
-
-    _, ids = load_prompts(str(ckpt.parent / "data" / "test.parquet"), load_tokenizer(ckpt), 160)
+    ckpt, ids, dtype = rollout_inputs(args.model, max(batches))
     if max(batches) > len(ids):
         parser.error(f"--batches: at most {len(ids)} (the test split's prompts)")
     sampling = {"temperature": 1.0, "top_p": 1.0, "max_tokens": args.tokens, "ignore_eos": True}
-    options = EngineOptions(max_model_len=1024, seed=0, dtype="float32")
-    engines = {0: RolloutEngine(str(ckpt), None, options, free_cache_engine=False)}
-    for k in ks:
+    options = EngineOptions(max_model_len=1024, seed=0, dtype=dtype)
+    engines: dict = {0: RolloutEngine(str(ckpt), None, options, free_cache_engine=False)}
+    for k in ["1of", *ks]:
         spec = {
             "method": "custom_class",
-            "model": f"{Path(__file__).stem}.FixedDraftProposer",
-            "num_speculative_tokens": k,
+            "model": f"{Path(__file__).stem}.{'OneDraftProposer' if k == '1of' else 'FixedDraftProposer'}",
+            "num_speculative_tokens": 1 if k == "1of" else k,
         }
         engines[k] = RolloutEngine(str(ckpt), spec, options, free_cache_engine=False)
     for engine in engines.values():
@@ -113,7 +123,7 @@ def main() -> None:
         for k in engines:
             ms = float(np.median(times[b, k]))
             rows.append({"batch": b, "k": k, "step_ms": ms, "cost_vs_off": ms / off})
-    out = Path(args.out)
+    out = Path(args.out or REPO_ROOT / "results" / ("sam" if args.model is None else "real"))
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "verify_cost.csv", "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=list(rows[0]))
@@ -123,18 +133,21 @@ def main() -> None:
     lines = [
         "# Verification cost of a vLLM CPU engine step, by live batch size and draft length",
         "",
-        f"Produced by `.venv/bin/python scripts/bench_verify_cost.py --batches {args.batches} --ks {args.ks} "
+        "Produced by `.venv/bin/python scripts/bench_verify_cost.py "
+        + (f"--model {args.model} " if args.model else "")
+        + f"--batches {args.batches} --ks {args.ks} "
         f"--tokens {args.tokens} --repeats {args.repeats}"
         + (f" --acceptance {args.acceptance}" if args.acceptance else "")
         + f"`: B requests of {args.tokens} tokens each, every request drafted exactly K tokens at every step; "
         f"median steady step time over {args.repeats} interleaved turns, as a multiple of spec off's at the same B "
-        "(= the tokens per request-step a drafter needs at that K just to break even).",
+        "(= the tokens per request-step a drafter needs at that K just to break even). K=1of: one request of the "
+        "batch drafts one token, the rest none (the price of switching a step to verification).",
         "",
-        "| batch | spec off ms/step | " + " | ".join(f"K={k}" for k in ks) + " |",
-        "|---|---|" + "---|" * len(ks),
+        "| batch | spec off ms/step | K=1of | " + " | ".join(f"K={k}" for k in ks) + " |",
+        "|---|---|---|" + "---|" * len(ks),
     ]
     for b in batches:
-        cells = " | ".join(f"{cost[b, k]['cost_vs_off']:.2f}x" for k in ks)
+        cells = " | ".join(f"{cost[b, k]['cost_vs_off']:.2f}x" for k in ["1of", *ks])
         lines.append(f"| {b} | {cost[b, 0]['step_ms']:.2f} | {cells} |")
     if emitted:
         lines += [

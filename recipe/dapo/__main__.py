@@ -26,6 +26,18 @@ def resolve_inputs(cfg: DictConfig) -> tuple[str, str, str]:
     prompts (``recipe.rl_prompts``) fill the gaps. A dry run names where they will be and builds nothing."""
     model = cfg.actor_rollout_ref.model.path
     train, val = cfg.data.train_files, cfg.data.val_files
+    if model is not None:
+        # a built-in real model, a .gguf file or a HF directory: one checked HF checkpoint (recipe/models.py), before
+        # any engine starts; a real model's default data are the word problems (recipe/data/word_problems.py)
+        from recipe.models import BUILTIN_MODELS, CACHE_DIR, resolve_model
+
+        real = str(model) in BUILTIN_MODELS or str(model).endswith(".gguf")
+        model = str(resolve_model(model))
+        if real:
+            from recipe.data.word_problems import write_splits
+
+            word_train, word_val = write_splits(CACHE_DIR.parent / "word_problems")
+            return model, str(train or word_train), str(val or word_val)
     if model is None or train is None or val is None:
         from recipe.dapo.data import write_unseen_prompts
         from recipe.data.task import TaskConfig

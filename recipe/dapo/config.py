@@ -155,10 +155,14 @@ def validate(cfg: DictConfig) -> None:
     )
     model_path = cfg.actor_rollout_ref.model.path
     if model_path is not None:
+        from recipe.models import BUILTIN_MODELS
+
+        builtin_or_gguf = str(model_path) in BUILTIN_MODELS or str(model_path).endswith(".gguf")
         _require(
-            Path(model_path, "config.json").is_file(),
+            builtin_or_gguf or Path(model_path, "config.json").is_file(),
             "actor_rollout_ref.model.path",
-            f"{model_path} is not a HF checkpoint directory (no config.json)",
+            f"{model_path} is neither a built-in model ({', '.join(BUILTIN_MODELS)}), a .gguf file nor a HF checkpoint "
+            "directory (no config.json)",
         )
 
     algo = cfg.algorithm

@@ -17,11 +17,12 @@ K = 4
 
 
 def make_proposer(k_by_batch: list | None = None, **sam_options) -> SAMProposer:
+    """A proposer drafting what the match rules give (payoff off unless asked: tests/unit/test_sam_payoff.py)."""
     cfg = SimpleNamespace(
         speculative_config=SimpleNamespace(num_speculative_tokens=K, num_speculative_tokens_per_batch_size=k_by_batch),
         model_config=SimpleNamespace(max_model_len=4096),
         scheduler_config=SimpleNamespace(max_num_seqs=256),
-        additional_config={"sam": sam_options},
+        additional_config={"sam": {"payoff": False, **sam_options}},
     )
     return SAMProposer(cfg)
 
