@@ -1,28 +1,34 @@
 """Draft a token only where it pays: the expected accepted tokens per second of an engine step with the draft
 must beat the step without it.
 
-A speculative step costs ``a + b * rows + c * drafted + e * (drafted > 0)`` seconds (rows: requests in the step;
-drafted: draft tokens it verifies; ``e``: vLLM verifies a step with any draft through its rejection sampler instead
-of its plain sampler) and yields ``rows + sum of accepted`` tokens. Adding one draft token whose chance of being
+A speculative step costs ``a + b * rows + c * drafted + (e + f * rows) * (drafted > 0)`` seconds (rows: requests
+in the step; drafted: draft tokens it verifies; ``e + f * rows``: vLLM verifies a step with any draft through its
+rejection sampler instead of its plain sampler, every row of it: on this CPU with a 49k vocabulary one draft token in
+a batch of 64 costs the whole step 1.56x, results/real/verify_cost.md) and yields ``rows + sum of accepted`` tokens. Adding one draft token whose chance of being
 accepted (together with every draft token before it) is ``p`` raises tokens per second exactly when
 ``p > c * tokens / seconds``, so each request drafts the prefix of its draft whose chances clear that threshold
 (Dinkelbach's iteration for a ratio, a few rounds), and the step drafts at all only if that beats the step without
-drafts, ``e`` included. Where verification is dear relative to the step (a big batch on
+drafts, the switch included. Where verification is dear relative to the step (a big batch on
 a compute-bound CPU, where a drafted token costs about what a request does) nothing clears it and the step runs as
 spec off would; where the step is mostly fixed cost (the long tail, a memory-bound GPU) cheap drafts pass.
 
 Both sides are learned online in the proposer, from what vLLM reports anyway:
-- :class:`StepCost`: ``a, b, c, e`` by exponentially weighted least squares on the time between consecutive
-  ``propose`` calls (one engine step), its rows and the draft tokens proposed for it; ``c`` is pulled towards ``b``
-  (a drafted token costs what a request's token costs, a compute-bound step's price) and ``e`` towards ``b`` too until
-  drafting data say otherwise, so an engine that has not drafted yet does not assume drafts are free.
+- :class:`StepCost`: ``a, b, c, e, f`` by exponentially weighted least squares on the time between consecutive
+  ``propose`` calls (one engine step), its rows and the draft tokens sent for it; ``c`` and ``f`` are pulled
+  towards ``b`` (a drafted token, and switching a row to verification, cost what a request's token costs: a
+  compute-bound step's price, about what this CPU measures) until drafting data say otherwise, so an engine that
+  has not drafted yet does not assume drafts are free.
 - :class:`AcceptanceModel`: the chance that draft position ``j`` is accepted given the positions before it were,
-  counted per source (the request's own text or its group's responses) and match-length band from the next step's
-  sampled tokens (accepted = sampled - 1).
+  counted per source (the request's own text or its group's responses) and match-length band. It learns from
+  *shadow drafts* (:class:`ShadowDrafts`): every request's full draft, sent or not, checked against the tokens the
+  request then verifies, so chances are known at batch sizes where nothing has been drafted yet (a rule that learned
+  only from sent drafts would never learn where its prior says no). Verified tokens are what spec off would sample
+  (lossless verification), so the check is the teacher-forced acceptance of the draft.
 """
 
 from __future__ import annotations
 
+import numba as nb
 import numpy as np
 
 MATCH_BANDS = np.array([0, 3, 4, 6, 9, 16], dtype=np.int64)  # match-length band edges: [2], [3], [4, 5], [6, 8], ...
@@ -32,10 +38,21 @@ SOURCES = 2  # 0: the request's own text, 1: group material (siblings, history)
 class AcceptanceModel:
     """Conditional acceptance per (source, match band, draft position), from verified drafts."""
 
-    def __init__(self, k: int, prior_mean: float = 0.3, prior_weight: float = 4.0) -> None:
+    def __init__(self, k: int, prior_mean: float = 0.05, prior_weight: float = 4.0) -> None:
+        # a pessimistic prior: a (source, band, position) never seen is not worth drafting (with 0.3, drafts from
+        # rarely seen bands were sent in the tail and accepted 9%: results/real/README.md); shadow drafts bring
+        # the evidence without sending anything
         shape = (SOURCES, MATCH_BANDS.size, k)
         self.reached = np.full(shape, prior_weight)  # draft tokens verified with every earlier position accepted
         self.accepted = np.full(shape, prior_mean * prior_weight)
+        self.observed = 0  # drafts settled so far
+
+    def state_dict(self) -> dict:
+        return {"reached": self.reached.copy(), "accepted": self.accepted.copy(), "observed": self.observed}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.reached, self.accepted = state["reached"].copy(), state["accepted"].copy()
+        self.observed = int(state["observed"])
 
     def band(self, match_len: np.ndarray) -> np.ndarray:
         return np.searchsorted(MATCH_BANDS, match_len, side="right") - 1
@@ -52,23 +69,26 @@ class AcceptanceModel:
         hit = pos[None, :] < accepted[:, None]
         np.add.at(self.reached, (group, band), reached)
         np.add.at(self.accepted, (group, band), hit)
+        self.observed += int(drafted.size)
 
 
 def features(rows: int, drafted: int) -> np.ndarray:
-    return np.array([1.0, rows, drafted, float(drafted > 0)])
+    switched = float(drafted > 0)
+    return np.array([1.0, rows, drafted, switched, switched * rows])
 
 
 class StepCost:
-    """Seconds of an engine step as ``a + b * rows + c * drafted + e * (drafted > 0)``, by least squares with
-    exponential forgetting."""
+    """Seconds of an engine step as ``a + b * rows + c * drafted + (e + f * rows) * (drafted > 0)``, by least
+    squares with exponential forgetting."""
 
-    def __init__(self, decay: float = 0.99, prior_steps: float = 1.0) -> None:
+    def __init__(self, decay: float = 0.99, prior_steps: float = 0.05) -> None:
         self.decay = decay
         self.prior_steps = prior_steps
-        self.xtx = np.zeros((4, 4))
-        self.xty = np.zeros(4)
+        self.xtx = np.zeros((5, 5))
+        self.xty = np.zeros(5)
         self.steps = 0.0  # weight of the observations held
-        self.coef = np.zeros(4)  # a, b, c, e
+        self.coef = np.zeros(5)  # a, b, c, e, f
+        self._observed = 0
 
     def seconds(self, rows: int, drafted: int) -> float:
         return float(self.coef @ features(rows, drafted))
@@ -80,16 +100,22 @@ class StepCost:
         self.xtx = self.decay * self.xtx + np.outer(x, x)
         self.xty = self.decay * self.xty + x * seconds
         self.steps = self.decay * self.steps + 1.0
-        self._solve()
+        self._observed += 1
+        if self._observed % 4 == 0 or self.steps < 16:  # the solve costs more than the step's other drafting work
+            self._solve()
 
     def _solve(self) -> None:
-        # ridge pulling c and e towards b with the weight of prior_steps steps (each tie in its own column's units:
-        # drafted counts like rows, the switch is 0 or 1), a little towards 0 overall
+        # ridge pulling c and f towards b with the weight of prior_steps steps in each column's units (drafted
+        # counts and switched rows like rows), e towards 0 as one step, a little towards 0 overall
         scale = self.xtx[1, 1] / max(self.steps, 1e-9)
-        draft_tie = np.array([0.0, -1.0, 1.0, 0.0])
-        switch_tie = np.array([0.0, -1.0, 0.0, 1.0])
-        reg = self.prior_steps * (scale * np.outer(draft_tie, draft_tie) + np.outer(switch_tie, switch_tie))
-        reg += 1e-9 * np.eye(4) * (1.0 + scale)
+        draft_tie = np.array([0.0, -1.0, 1.0, 0.0, 0.0])
+        switch_tie = np.array([0.0, -1.0, 0.0, 0.0, 1.0])
+        fixed_switch = np.array([0.0, 0.0, 0.0, 1.0, 0.0])
+        reg = self.prior_steps * (
+            scale * (np.outer(draft_tie, draft_tie) + np.outer(switch_tie, switch_tie))
+            + np.outer(fixed_switch, fixed_switch)
+        )
+        reg += 1e-9 * np.eye(5) * (1.0 + scale)
         try:
             coef = np.linalg.solve(self.xtx + reg, self.xty)
         except np.linalg.LinAlgError:
@@ -101,14 +127,32 @@ class StepCost:
         return self.steps >= 8 and self.coef[1] + self.coef[2] > 0
 
 
+class PinnedStepCost(StepCost):
+    """A step cost given, not learned (``SAMOptions.payoff_cost``): drafting depends on the tokens alone."""
+
+    def __init__(self, coef: list[float]) -> None:
+        super().__init__()
+        self.coef = np.asarray(coef, dtype=np.float64)
+
+    def observe(self, rows: int, drafted: int, seconds: float) -> None:
+        pass
+
+    @property
+    def known(self) -> bool:
+        return True
+
+
 def payoff_lengths(
-    chances: np.ndarray, lengths: np.ndarray, rows: int, cost: np.ndarray, rounds: int = 3
+    chances: np.ndarray, lengths: np.ndarray, rows: int, cost: np.ndarray, margin: float = 0.0, rounds: int = 3
 ) -> np.ndarray:
     """Draft lengths (at most ``lengths``) that maximise expected tokens per second of a step of ``rows`` requests
-    whose cost is ``a, b, c, e`` (:class:`StepCost`): each row keeps the draft tokens whose ``chances`` exceed
-    ``c * tokens / seconds``; none at all if the step with them yields fewer tokens per second than without."""
-    a, b, c, e = (float(v) for v in cost)
+    whose cost is ``a, b, c, e, f`` (:class:`StepCost`): each row keeps the draft tokens whose ``chances`` exceed
+    ``c * tokens / seconds``; none at all unless the step with them is expected to yield ``margin`` more tokens per
+    second than without (the chances and costs are estimates: a draft that only breaks even on them loses to their
+    errors)."""
+    a, b, c, e, f = (float(v) for v in cost)
     plain_seconds = a + b * rows
+    e = e + f * rows  # switching this step's rows to verification
     k = chances.shape[1]
     valid = np.arange(k)[None, :] < lengths[:, None]
     if c <= 0.0:
@@ -122,6 +166,83 @@ def payoff_lengths(
             seconds = plain_seconds + e + c * float(take.sum())
     keep = take.sum(axis=1)
     gain = rows + float(chances[take].sum())
-    if not keep.any() or gain * plain_seconds <= rows * (plain_seconds + e + c * float(keep.sum())):
+    if not keep.any() or gain * plain_seconds <= (1.0 + margin) * rows * (plain_seconds + e + c * float(keep.sum())):
         return np.zeros_like(lengths)
     return keep
+
+
+@nb.njit(cache=True)
+def _advance_shadows(slots, tok_flat, tok_off, buf, n, pos, out_slot, out_n, out_acc) -> int:
+    """Check each row's newly verified tokens against its slot's pending shadow draft; a draft is resolved at its
+    first mismatch or when every token matched. Writes resolved (slot, drafted, accepted) and returns how many."""
+    done = 0
+    for r in range(slots.shape[0]):
+        s = slots[r]
+        if s < 0 or n[s] == 0:
+            continue
+        for i in range(tok_off[r], tok_off[r + 1]):
+            if tok_flat[i] == buf[s, pos[s]]:
+                pos[s] += 1
+                if pos[s] < n[s]:
+                    continue
+            out_slot[done], out_n[done], out_acc[done] = s, n[s], pos[s]
+            done += 1
+            n[s] = 0
+            pos[s] = 0
+            break
+    return done
+
+
+class ShadowDrafts:
+    """One pending full-length draft per request slot, checked against the tokens it verifies next."""
+
+    def __init__(self, k: int, size: int = 64) -> None:
+        self.k = k
+        self.buf = np.zeros((size, k), dtype=np.int32)
+        self.n = np.zeros(size, dtype=np.int64)
+        self.pos = np.zeros(size, dtype=np.int64)
+        self.group = np.zeros(size, dtype=np.int64)
+        self.band = np.zeros(size, dtype=np.int64)
+
+    def _fit(self, size: int) -> None:
+        if size <= self.n.size:
+            return
+        grow = max(size, 2 * self.n.size) - self.n.size
+        self.buf = np.concatenate([self.buf, np.zeros((grow, self.k), dtype=np.int32)])
+        self.n, self.pos, self.group, self.band = (
+            np.concatenate([a, np.zeros(grow, dtype=np.int64)]) for a in (self.n, self.pos, self.group, self.band)
+        )
+
+    def resolve(self, slots: np.ndarray, tokens: np.ndarray, offsets: np.ndarray, model: AcceptanceModel) -> None:
+        """Feed each row's newly verified tokens; drafts they settle go to ``model``."""
+        if slots.size:
+            self._fit(int(slots.max()) + 1)
+        rows = slots.shape[0]
+        out_slot = np.empty(rows, dtype=np.int64)
+        out_n = np.empty(rows, dtype=np.int64)
+        out_acc = np.empty(rows, dtype=np.int64)
+        done = _advance_shadows(slots, tokens, offsets, self.buf, self.n, self.pos, out_slot, out_n, out_acc)
+        if done:
+            s = out_slot[:done]
+            model.observe(self.group[s], self.band[s], out_n[:done], out_acc[:done])
+
+    def start(self, slots: np.ndarray, drafts: np.ndarray, lengths: np.ndarray, group: np.ndarray, band: np.ndarray):
+        """Rows whose slot has no pending draft take this step's full draft as their shadow."""
+        live = slots >= 0
+        if not live.any():
+            return
+        self._fit(int(slots.max()) + 1)
+        rows = np.flatnonzero(live & (lengths > 0))
+        rows = rows[self.n[slots[rows]] == 0]
+        s = slots[rows]
+        self.buf[s] = drafts[rows]
+        self.n[s] = lengths[rows]
+        self.pos[s] = 0
+        self.group[s] = group[rows]
+        self.band[s] = band[rows]
+
+    def forget(self, slot: int) -> None:
+        """A slot that is freed (its request finished) drops its pending draft."""
+        if slot < self.n.size:
+            self.n[slot] = 0
+            self.pos[slot] = 0

@@ -60,6 +60,11 @@ class SAMOptions:
     # below this
     payoff: bool = True  # keep a draft token only where its learned chance of acceptance pays for its learned
     # verification cost at the step's batch size (sam/payoff.py); False: every draft the match rules give
+    payoff_margin: float = 0.1  # ... and send a step's drafts only if they are expected to raise its tokens/s by this
+    # share (break-even drafts lose to estimation error: results/real/README.md)
+    payoff_cost: list[float] | None = None  # the step cost [a, b, c, e, f] in seconds (sam/payoff.py) instead of
+    # learning it from the engine's step times: drafting then depends on the tokens alone, so a seeded run samples
+    # the same tokens on every run (None: learned, which follows the machine but not token for token)
 
     @classmethod
     def from_dict(cls, d: dict | None) -> SAMOptions:
@@ -81,6 +86,10 @@ class SAMOptions:
             raise ValueError(f"SAM option prior_decay must be >= 0, got {opts.prior_decay}")
         if not 0 <= opts.min_token_prob <= 1:
             raise ValueError(f"SAM option min_token_prob must be in [0, 1], got {opts.min_token_prob}")
+        if opts.payoff_cost is not None and (len(opts.payoff_cost) != 5 or min(opts.payoff_cost) < 0):
+            raise ValueError(f"SAM option payoff_cost must be 5 seconds >= 0 [a, b, c, e, f], got {opts.payoff_cost}")
+        if opts.payoff_margin < 0:
+            raise ValueError(f"SAM option payoff_margin must be >= 0, got {opts.payoff_margin}")
         if opts.lead_tokens < 0:
             raise ValueError(f"SAM option lead_tokens must be >= 0, got {opts.lead_tokens}")
         if opts.cross_epoch and opts.max_history_bytes < BYTES_PER_TOKEN * opts.max_history_tokens:

@@ -24,7 +24,7 @@ from itertools import chain
 
 import numpy as np
 
-from sam.payoff import AcceptanceModel, StepCost, payoff_lengths
+from sam.payoff import AcceptanceModel, PinnedStepCost, ShadowDrafts, StepCost, payoff_lengths
 from sam.policy import BatchDrafter, SAMOptions, draft_lists
 
 logger = logging.getLogger(__name__)
@@ -47,14 +47,13 @@ class SAMProposer:
         self.gated_steps = 0
         self.preempted_steps = 0  # request-steps spent preempted (row missing, request kept)
         # the payoff rule (sam/payoff.py): step cost and acceptance learned from this engine's own steps
-        self.step_cost = StepCost()
+        pinned = self.options.payoff_cost
+        self.step_cost = StepCost() if pinned is None else PinnedStepCost(pinned)
         self.acceptance = AcceptanceModel(self.k)
+        self.shadows = ShadowDrafts(self.k)
         self.clock = time.perf_counter  # what step times are read from
         self._last_call: float | None = None  # when propose was last entered: one engine step ago
-        self._last_drafted = 0  # draft tokens proposed at the last call (verified in the step that just ran)
-        self._last_len = np.zeros(64, dtype=np.int64)  # per drafter slot: its last draft's length, source, band
-        self._last_group = np.zeros(64, dtype=np.int64)
-        self._last_band = np.zeros(64, dtype=np.int64)
+        self._last_drafted = 0  # draft tokens sent at the last call (verified in the step that just ran)
         logger.info("SAMProposer: K=%d options=%s", self.k, self.options)
 
     def _k_by_batch(self, vllm_config) -> np.ndarray | None:
@@ -79,7 +78,8 @@ class SAMProposer:
         """Model-free: nothing to load."""
 
     def state_dict(self) -> dict:
-        """Cross-rollout memory (each prompt's lead tokens and history responses), for trainer checkpoints.
+        """Cross-rollout memory (each prompt's lead tokens and history responses, and the payoff rule's acceptance
+        counts), for trainer checkpoints.
 
         Call it between rollouts. vLLM's runner drops a finished request only at the next step, so the requests
         of a rollout's last steps are still tracked then; they are finished first, as the next
@@ -88,16 +88,21 @@ class SAMProposer:
         self._finish(list(self.slot_of))
         groups = self.drafter.groups.groups
         return {
-            key: (g.lead.copy(), [r.copy() for r in g.history.responses])
-            for key, g in groups.items()
-            if g.history.responses
+            "groups": {
+                key: (g.lead.copy(), [r.copy() for r in g.history.responses])
+                for key, g in groups.items()
+                if g.history.responses
+            },
+            "acceptance": self.acceptance.state_dict(),
         }
 
     def load_state_dict(self, state: dict) -> None:
         self.drafter = BatchDrafter(self.options, self.k)
+        self.shadows = ShadowDrafts(self.k)  # slots restart with the new drafter
         self.slot_of = {}
-        for key, (lead, responses) in state.items():
+        for key, (lead, responses) in state["groups"].items():
             self.drafter.groups.restore(key, np.asarray(lead, dtype=np.int32), responses)
+        self.acceptance.load_state_dict(state["acceptance"])
 
     def request_text(self, request_id: str) -> np.ndarray:
         """Prompt + verified tokens of a tracked request as of the last step."""
@@ -109,7 +114,9 @@ class SAMProposer:
 
     def _finish(self, request_ids: list[str]) -> None:
         for rid in request_ids:
-            self.drafter.finish(self.slot_of.pop(rid))
+            slot = self.slot_of.pop(rid)
+            self.drafter.finish(slot)
+            self.shadows.forget(slot)
 
     def _slots(self, req_ids: list, sampled_token_ids, before: np.ndarray, token_ids_cpu) -> tuple[np.ndarray, int]:
         """Drafter slot of each row (-1 for a new request that has not sampled yet) and how many rows started a
@@ -132,42 +139,25 @@ class SAMProposer:
                 slot_of[req_ids[r]] = int(slots[r])
         return slots, len(new)
 
-    def _learn(self, now: float, rows: int, prefilled: int, slots: np.ndarray, counts: np.ndarray) -> None:
-        """What the step that just ran says: its time (against its rows and the drafts verified in it) and which
-        drafts it accepted. A step that prefilled a prompt is not a decode step's cost and is not timed."""
+    def _learn(self, now: float, rows: int, prefilled: int, slots, tokens, offsets) -> None:
+        """What the step that just ran says: its time (against its rows and the drafts verified in it; a step that
+        prefilled a prompt is not a decode step's cost and is not timed) and, from the tokens it verified, how the
+        requests' pending shadow drafts fared."""
         if self._last_call is not None and prefilled == 0 and rows > 0:
             self.step_cost.observe(rows, self._last_drafted, now - self._last_call)
         self._last_call = now
-        if self._last_len.size < self.drafter._size:
-            grow = self.drafter._size - self._last_len.size
-            self._last_len, self._last_group, self._last_band = (
-                np.concatenate([a, np.zeros(grow, dtype=np.int64)])
-                for a in (self._last_len, self._last_group, self._last_band)
-            )
-        known = slots[slots >= 0]
-        counts = counts[slots >= 0]
-        drafted = self._last_len[known]
-        verified = drafted > 0
-        if verified.any():
-            accepted = np.clip(counts[verified] - 1, 0, drafted[verified])
-            idx = known[verified]
-            self.acceptance.observe(self._last_group[idx], self._last_band[idx], drafted[verified], accepted)
-        self._last_len[:] = 0
+        self.shadows.resolve(slots, tokens, offsets, self.acceptance)
 
-    def _pay(
-        self, rows: int, slots: np.ndarray, lengths: np.ndarray, group: np.ndarray, mlen: np.ndarray
-    ) -> np.ndarray:
-        """The payoff rule's draft lengths (nothing until the step cost is learned) and what it records for
-        :meth:`_learn` at the next step."""
+    def _pay(self, rows: int, slots, drafts, lengths, group, mlen) -> np.ndarray:
+        """The payoff rule's draft lengths (nothing until the step cost is learned); each full draft also becomes
+        its request's shadow if none is pending."""
         band = self.acceptance.band(mlen)
+        self.shadows.start(slots, drafts, lengths, group, band)
         if self.step_cost.known:
-            lengths = payoff_lengths(self.acceptance.chances(group, band), lengths, rows, self.step_cost.coef)
+            chances = self.acceptance.chances(group, band)
+            lengths = payoff_lengths(chances, lengths, rows, self.step_cost.coef, self.options.payoff_margin)
         else:
             lengths = np.zeros_like(lengths)
-        live = slots >= 0
-        self._last_len[slots[live]] = lengths[live]
-        self._last_group[slots[live]] = group[live]
-        self._last_band[slots[live]] = band[live]
         self._last_drafted = int(lengths.sum())
         return lengths
 
@@ -189,7 +179,7 @@ class SAMProposer:
         req_ids = self.runner.input_batch.req_ids[:rows]
         slots, prefilled = self._slots(req_ids, sampled_token_ids, num_tokens - counts, token_ids_cpu)
         if self.options.payoff:
-            self._learn(now, rows, prefilled, slots, counts)
+            self._learn(now, rows, prefilled, slots, tokens, offsets)
         live = int((slots >= 0).sum())  # the live batch: scheduled, started requests
         if live > self.options.batch_threshold:
             self.gated_steps += 1
@@ -199,7 +189,7 @@ class SAMProposer:
             ks = np.clip(self.max_model_len - num_tokens - 1, 0, k)
         drafts, lengths, group, mlen = self.drafter.step_arrays(slots, tokens, offsets, ks)
         if self.options.payoff:
-            lengths = self._pay(rows, slots, lengths.astype(np.int64), group, mlen)
+            lengths = self._pay(rows, slots, drafts, lengths.astype(np.int64), group, mlen)
         return draft_lists(drafts, lengths)
 
 

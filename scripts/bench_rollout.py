@@ -279,6 +279,7 @@ def main() -> None:
     timelines: dict[str, list] = {name: [] for name in engines}
     for rep in range(args.repeats):
         for name, engine in engines.items():
+            engine.reseed(1000 + rep)  # every mode's rollout of a repeat draws from the same sampler seed
             result = engine.generate(prompts, args.n, sampling)
             s = result.timeline.summary(args.tail)
             runs[name].append(s)
@@ -328,7 +329,7 @@ def main() -> None:
         f"--repeats {args.repeats} --tail {args.tail} --gate {gate} --modes {args.modes}` (temperature 1, long tail = "
         f"at most {args.tail} active requests, SAM drafts at most {gate} active requests unless a mode says @G, K, "
         "SAM options from configs/spec unless a mode says /<letter><value> (SAM_MODE_OPTIONS); every mode's engine alive at once, "
-        f"rollouts interleaved mode by mode, medians of {args.repeats}). The tail columns read each mode's own tail, "
+        f"rollouts interleaved mode by mode, each repeat's rollouts from one sampler seed, medians of {args.repeats}). The tail columns read each mode's own tail, "
         "which holds the requests that mode drafted worst (a drafter changes which requests are left at the end); the "
         "table by active requests below compares equal batch sizes.",
         "",

@@ -57,10 +57,28 @@ def resolve_inputs(cfg: DictConfig) -> tuple[str, str, str]:
     return str(model), str(train), str(val)
 
 
+def require_local_trainable(model: str) -> None:
+    """The local actor trains the recipe's MiMo checkpoints (a Qwen2 trunk with MTP layers, mtp/model.py); any other
+    architecture is named at start, before any engine, with the backend that trains it."""
+    import json
+
+    from recipe.dapo.config import ConfigError
+
+    architectures = json.loads(Path(model, "config.json").read_text()).get("architectures") or []
+    if architectures != ["MiMoForCausalLM"]:
+        raise ConfigError(
+            f"actor_rollout_ref.model.path: backend=local trains MiMo checkpoints (mtp/model.py); {model} is "
+            f"{architectures}: train it with backend=verl (veRL's FSDP actor loads any HF causal LM)"
+        )
+
+
 def run(cfg: DictConfig) -> list[dict] | DictConfig:
     """Train on the chosen backend: the local history of metrics, or (backend=verl) veRL's config."""
     validate(cfg)
-    verl_cfg = verl_config(cfg, *resolve_inputs(cfg), resolve_device(str(cfg.trainer.device)))
+    model, train, val = resolve_inputs(cfg)
+    if cfg.backend == "local":
+        require_local_trainable(model)
+    verl_cfg = verl_config(cfg, model, train, val, resolve_device(str(cfg.trainer.device)))
     if cfg.backend == "verl":
         from recipe.dapo.verl_backend import run_verl
 

@@ -110,7 +110,8 @@ def sample_vllm_inprocess(
     from recipe.engine import EngineOptions, make_llm, spec_counters, spec_from_config
 
     spec, _ = spec_from_config(spec_group(method, num_speculative_tokens=1 if method == "mtp" else k))
-    extra = {"sam": {"batch_threshold": 1 << 20, "min_match": 1}} if method == "sam" else None
+    # every draft the match rules give (payoff off): the harness tests verification, which needs drafts everywhere
+    extra = {"sam": {"batch_threshold": 1 << 20, "min_match": 1, "payoff": False}} if method == "sam" else None
     llm = make_llm(model, spec, EngineOptions(max_model_len=512, seed=seed, dtype=dtype), additional_config=extra)
     prompt = TokensPrompt(prompt_token_ids=prompt_ids(model))
     result = {}

@@ -59,8 +59,13 @@ def comparable(rows: list[dict]) -> list[dict]:
 
 
 def test_two_step_job_then_kill_and_resume_matches_uninterrupted(harness_model, tmp_path):
-    # a learning rate that differs at every step
-    warmup = ("actor_rollout_ref.actor.optim.lr=1e-5", "actor_rollout_ref.actor.optim.lr_warmup_steps=3")
+    # a learning rate that differs at every step; SAM's payoff rule on a pinned step cost (a learned one follows the
+    # machine's timing, so its drafts, and the tokens vLLM then samples, differ run to run)
+    warmup = (
+        "actor_rollout_ref.actor.optim.lr=1e-5",
+        "actor_rollout_ref.actor.optim.lr_warmup_steps=3",
+        "spec.sam.payoff_cost=[0.0012,0.00004,0.000015,0.0,0.00002]",
+    )
     full = tmp_path / "full"
     run_job(run_args(harness_model, full, 3, *warmup), full)
     rows = metrics(full)

@@ -117,3 +117,19 @@ def test_the_dapo_entry_resolves_the_built_in_model_and_its_word_problems():
     assert {p.data_source for p in problems} == {"word_problems"}
     train_texts = {p.messages[0]["content"] for p in load_problems(train)}
     assert not train_texts & {p.messages[0]["content"] for p in problems}
+
+
+def test_the_local_backend_names_a_real_model_it_cannot_train_before_any_engine(tmp_path):
+    from hydra import compose, initialize_config_dir
+
+    from recipe.dapo.__main__ import CONFIG_DIR, run
+    from recipe.dapo.config import ConfigError
+
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        cfg = compose(
+            "dapo",
+            overrides=[f"actor_rollout_ref.model.path={MODEL}", f"trainer.default_local_dir={tmp_path / 'run'}"],
+        )
+    with pytest.raises(ConfigError, match=r"backend=local trains MiMo checkpoints .* \['LlamaForCausalLM'\]"):
+        run(cfg)
+    assert not (tmp_path / "run").exists()

@@ -98,3 +98,43 @@ def test_engine_drafter_receives_the_trained_mtp_head(fp32_engine, harness_model
     assert max(trained.values()) < 1e-5, {k: v for k, v in trained.items() if v >= 1e-5}
     moved = [k for k, v in stale.items() if v > 1e-3]
     assert any("input_proj" in k for k in moved) and any("mtp_block" in k for k in moved)  # the check can fail
+
+
+def _payoff_state(worker) -> dict:
+    """Runs in the vLLM worker: what SAM's payoff rule learned from the engine's own steps."""
+    proposer = worker.model_runner.drafter
+    return {
+        "cost": proposer.step_cost.coef.tolist(),
+        "known": proposer.step_cost.known,
+        "settled_drafts": proposer.acceptance.observed,
+    }
+
+
+def test_sam_default_learns_its_step_cost_and_acceptance_inside_the_engine_and_drafts_where_it_pays(harness_model):
+    """configs/spec/sam.yaml's SAM (payoff rule on) in a real engine: it times the engine's steps, settles shadow
+    drafts against the verified tokens, and on the embedded model (a draft is cheap and mostly right) sends drafts
+    that vLLM accepts."""
+    from vllm import SamplingParams, TokensPrompt
+
+    from recipe.dapo.config import spec_group
+    from recipe.engine import spec_from_config
+
+    spec, extra = spec_from_config(spec_group("sam"))
+    assert extra["sam"]["payoff"] is True
+    llm = make_llm(str(harness_model), spec, EngineOptions(max_model_len=512, dtype="float32"), extra)
+    try:
+        prompts = [prompt_ids(str(harness_model), m) for m in GREEDY_PROMPTS[:4]] * 4
+        before = spec_counters(llm)
+        llm.generate(
+            [TokensPrompt(prompt_token_ids=p) for p in prompts],
+            SamplingParams(temperature=1.0, max_tokens=120),
+            use_tqdm=False,
+        )
+        counters = spec_counters(llm) - before
+        state = llm.collective_rpc(_payoff_state)[0]
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+    a, b, c, e = state["cost"]
+    assert state["known"] and b > 0 and a + b > 0, state
+    assert state["settled_drafts"] > 100, state  # shadow drafts settled against verified tokens
+    assert counters.num_draft_tokens > 0 and counters.num_accepted_tokens > 0.3 * counters.num_draft_tokens, counters

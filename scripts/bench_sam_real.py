@@ -1,0 +1,279 @@
+"""SAM on a real model's rollouts: the automaton's ingest rate and bytes per token at a real vocabulary, and SAM
+against vLLM's suffix decoding teacher-forced, each drafter's threshold swept.
+
+scripts/bench_sam.py measures ingest on the standard library's bytes (an alphabet of 256). A real model's token ids
+come from a 49,152-token vocabulary (SmolLM2-135M-Instruct), which changes the automaton's branching: more distinct
+edges per state, more of them in the hash table. This samples ``--prompts`` word problems x ``--n`` responses at
+temperature 1 with the real model (spec off, cached under artifacts/), then measures, median of ``--repeats``:
+- ingest into one automaton of every response (each after its prompt's 3 lead tokens and a unique separator, as a
+  prompt's history stores them), and into per-prompt automata (a group corpus each), counted as SAM counts them;
+- the same on the standard library's bytes, in the same run, for the ratio;
+- teacher-forced drafting over the same responses, grouped by prompt (a prompt's responses one after another, each
+  seeing the earlier ones as finished siblings; suffix's global tree sees every earlier response): accepted and
+  drafted tokens per position at K = configs/spec/sam.yaml's, SAM's draft cut where the payoff rule's learned chance
+  (sam/payoff.py's AcceptanceModel, fed every position's outcome) falls below a threshold, suffix's at its
+  ``min_token_prob``; both swept, so the two curves compare at equal drafting.
+
+    .venv/bin/python scripts/bench_sam_real.py [--prompts 64 --n 8]   # -> results/real/sam_{ingest,teacher_forced}.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+
+LEAD = 3  # configs/spec/sam.yaml lead_tokens
+
+
+def rollouts(model: str, prompts: int, n: int, max_tokens: int) -> list[tuple[np.ndarray, list[np.ndarray]]]:
+    """(prompt ids, responses) per prompt: the real model's samples of the word problems' train split, cached."""
+    cache = REPO_ROOT / "artifacts" / f"vocab_rollouts_{model}_{prompts}x{n}_{max_tokens}.npz"
+    if not cache.is_file():
+        from bench_rollout import mode_engine
+
+        from mtp.checkpoint import load_tokenizer
+        from recipe.dapo.data import load_prompts
+        from recipe.data.word_problems import write_splits
+        from recipe.models import resolve_model
+
+        ckpt = resolve_model(model)
+        train, _ = write_splits(REPO_ROOT / "artifacts" / "word_problems")
+        _, ids = load_prompts(str(train), load_tokenizer(ckpt), 512, prompts)
+        engine = mode_engine(ckpt, "off", 0, None, None, dtype="bfloat16")
+        result = engine.generate(ids, n, {"temperature": 1.0, "top_p": 1.0, "max_tokens": max_tokens})
+        engine.close()
+        flat = {f"p{i}": np.asarray(p, np.int32) for i, p in enumerate(ids)}
+        seen: dict[int, int] = {}
+        for r in result.responses:
+            j = seen[r.prompt_index] = seen.get(r.prompt_index, -1) + 1
+            flat[f"r{r.prompt_index}_{j}"] = np.asarray(r.token_ids, np.int32)
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        np.savez(cache, **flat)
+    data = np.load(cache)
+    out = []
+    for i in range(prompts):
+        out.append((data[f"p{i}"], [data[f"r{i}_{j}"] for j in range(n)]))
+    return out
+
+
+def corpus(prompt: np.ndarray, responses: list[np.ndarray], first_separator: int = 1) -> np.ndarray:
+    """A prompt's responses as its history automaton holds them: lead, response, unique negative separator."""
+    parts = []
+    for j, r in enumerate(responses):
+        parts += [prompt[-LEAD:], r, np.array([-(first_separator + j)], np.int32)]
+    return np.concatenate(parts).astype(np.int32)
+
+
+def ingest_rate(texts: list[np.ndarray], repeats: int, count: bool) -> tuple[float, float]:
+    """Tokens/s building one automaton per text (counted as group corpora are, if ``count``), and bytes per token."""
+    from sam import SuffixAutomaton
+
+    total = sum(t.size for t in texts)
+    rates, nbytes = [], 0
+    for _ in range(repeats):
+        start = time.perf_counter()
+        nbytes = 0
+        for t in texts:
+            sa = SuffixAutomaton()
+            sa.extend(t)
+            if count:
+                sa.count_occurrences()
+            nbytes += sa.nbytes
+        rates.append(total / (time.perf_counter() - start))
+    return float(np.median(rates)), nbytes / total
+
+
+SAM_THRESHOLDS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+SUFFIX_MIN_TOKEN_PROBS = (0.0, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9)
+
+
+def teacher_forced_sweep(groups: list[tuple[np.ndarray, list[np.ndarray]]]) -> dict:
+    """Accepted and drafted tokens per position for SAM at each of SAM_THRESHOLDS (one pass: every threshold cuts
+    the same draft) and suffix at each of SUFFIX_MIN_TOKEN_PROBS."""
+    from arctic_inference.suffix_decoding import SuffixDecodingCache
+    from omegaconf import OmegaConf
+
+    from recipe.dapo.config import spec_group
+    from sam.payoff import AcceptanceModel
+    from sam.policy import BatchDrafter, SAMOptions
+
+    sam_cfg = spec_group("sam")
+    k = int(sam_cfg.num_speculative_tokens)
+    opts = {**OmegaConf.to_container(sam_cfg.sam), "batch_threshold": 1 << 20, "cross_epoch": False, "payoff": False}
+    drafter = BatchDrafter(SAMOptions.from_dict(opts), k)
+    model = AcceptanceModel(k)
+    thresholds = np.array(SAM_THRESHOLDS)
+    accepted = np.zeros(thresholds.size)
+    drafted = np.zeros(thresholds.size)
+    positions = 0
+    slots = [[drafter.start(p, str(g).encode()) for _ in rs] for g, (p, rs) in enumerate(groups)]
+    for g, (_, responses) in enumerate(groups):
+        for r, text in enumerate(responses):
+            slot = np.array([slots[g][r]])
+            for pos in range(len(text) - 1):
+                buf, n, group, mlen = drafter.step_arrays(slot, text[pos : pos + 1], np.array([0, 1]), np.array([k]))
+                n = int(n[0])
+                positions += 1
+                if n == 0:
+                    continue
+                truth = text[pos + 1 : pos + 1 + n]
+                ok = 0
+                while ok < min(n, truth.size) and buf[0, ok] == truth[ok]:
+                    ok += 1
+                band = model.band(mlen[:1])
+                chances = model.chances(group[:1].astype(np.int64), band)[0, :n]
+                keep = (chances[None, :] > thresholds[:, None]).sum(axis=1)
+                drafted += keep
+                accepted += np.minimum(keep, ok)
+                model.observe(group[:1].astype(np.int64), band, np.array([n]), np.array([ok]))
+            drafter.finish(slots[g][r])
+    rows = [
+        {
+            "drafter": "sam",
+            "threshold": float(t),
+            "drafted_per_position": float(d / positions),
+            "accepted_per_position": float(a / positions),
+            "acceptance": float(a / max(d, 1)),
+        }
+        for t, d, a in zip(thresholds, drafted, accepted, strict=True)
+    ]
+    suffix_cfg = spec_group("suffix")
+    depth = int(suffix_cfg.suffix_decoding_max_tree_depth)
+    for min_prob in SUFFIX_MIN_TOKEN_PROBS:
+        cache = SuffixDecodingCache(depth, int(suffix_cfg.suffix_decoding_max_cached_requests))
+        acc = dft = pos_count = 0
+        request = 0
+        for prompt, responses in groups:
+            for text in responses:
+                request += 1
+                cache.start_request(request, prompt)
+                for pos in range(len(text) - 1):
+                    cache.add_active_response(request, text[pos : pos + 1])
+                    context = np.concatenate([prompt, text[: pos + 1]])
+                    draft = cache.speculate(
+                        request, np.ascontiguousarray(context[-depth:]), max_spec_tokens=k,
+                        max_spec_factor=float(suffix_cfg.suffix_decoding_max_spec_factor), min_token_prob=min_prob,
+                    ).token_ids  # fmt: skip
+                    truth = text[pos + 1 : pos + 1 + len(draft)]
+                    ok = 0
+                    while ok < min(len(draft), truth.size) and draft[ok] == truth[ok]:
+                        ok += 1
+                    acc += ok
+                    dft += len(draft)
+                    pos_count += 1
+                cache.stop_request(request)
+        rows.append(
+            {
+                "drafter": "suffix",
+                "threshold": min_prob,
+                "drafted_per_position": dft / pos_count,
+                "accepted_per_position": acc / pos_count,
+                "acceptance": acc / max(dft, 1),
+            }
+        )
+    sam = sorted((r for r in rows if r["drafter"] == "sam"), key=lambda r: r["drafted_per_position"])
+    xs = [r["drafted_per_position"] for r in sam]
+    ys = [r["accepted_per_position"] for r in sam]
+    for row in rows:
+        if row["drafter"] == "suffix" and xs[0] <= row["drafted_per_position"] <= xs[-1]:
+            row["sam_at_equal_drafting"] = float(np.interp(row["drafted_per_position"], xs, ys))
+    return {"k": k, "rows": rows}
+
+
+def main() -> None:
+    from bench_sam import stdlib_tokens
+
+    from sam import SuffixAutomaton
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--prompts", type=int, default=64)
+    parser.add_argument("--n", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=384)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--out", default=str(REPO_ROOT / "results" / "real"))
+    args = parser.parse_args()
+
+    groups = rollouts(args.model, args.prompts, args.n, args.max_tokens)
+    per_prompt = [corpus(p, rs) for p, rs in groups]
+    all_history = np.concatenate([corpus(p, rs, 1 + i * args.n) for i, (p, rs) in enumerate(groups)])
+    warm = SuffixAutomaton()
+    warm.extend(all_history[:1000])  # compile
+    warm.count_occurrences()
+    stdlib = stdlib_tokens(int(all_history.size))
+    rows = {}
+    for name, texts, count in (
+        ("real: all responses, one automaton", [all_history], False),
+        ("real: one counted automaton per prompt", per_prompt, True),
+        ("stdlib bytes: one automaton (same length)", [stdlib], False),
+        ("stdlib bytes: same-size pieces, counted", np.array_split(stdlib, len(per_prompt)), True),
+    ):
+        rate, bpt = ingest_rate(list(texts), args.repeats, count)
+        rows[name] = {"tokens_per_s": rate, "bytes_per_token": bpt}
+        print(name, round(rate / 1e6, 2), "M tokens/s", round(bpt, 1), "B/token", flush=True)
+    distinct = int(np.unique(all_history[all_history >= 0]).size)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "model": args.model,
+        "prompts": args.prompts,
+        "n": args.n,
+        "tokens": int(all_history.size),
+        "distinct_token_ids": distinct,
+        "mean_prompt_corpus_tokens": float(np.mean([c.size for c in per_prompt])),
+    }
+    sweep = teacher_forced_sweep(groups)
+    (out / "sam_real.json").write_text(json.dumps({**meta, "ingest": rows, "teacher_forced": sweep}, indent=2))
+    lines = [
+        f"# SAM on a real model's token ids ({args.model})",
+        "",
+        f"Produced by `.venv/bin/python scripts/bench_sam_real.py --prompts {args.prompts} --n {args.n} --max-tokens "
+        f"{args.max_tokens} --repeats {args.repeats}`: {meta['tokens']:,} tokens of the model's own responses at "
+        f"temperature 1 ({distinct:,} distinct ids of a 49,152-token vocabulary; {meta['mean_prompt_corpus_tokens']:.0f}"
+        " tokens per prompt's corpus), stored as SAM's group corpora store them (3 lead tokens, response, separator);"
+        " beside them the standard library's bytes, cut to the same length, in the same run. Medians of "
+        f"{args.repeats}.",
+        "",
+        "| corpus | M tokens/s | bytes per token |",
+        "|---|---|---|",
+        *(f"| {k} | {v['tokens_per_s'] / 1e6:.2f} | {v['bytes_per_token']:.1f} |" for k, v in rows.items()),
+    ]
+    (out / "sam_ingest.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    tf = [
+        f"# Teacher-forced drafting on {args.model}'s own rollouts, SAM vs vLLM suffix, thresholds swept",
+        "",
+        f"Produced by `.venv/bin/python scripts/bench_sam_real.py --prompts {args.prompts} --n {args.n}` on the same "
+        f"{meta['tokens']:,} tokens (temperature 1), K = {sweep['k']}. SAM: configs/spec/sam.yaml's options with its "
+        "draft cut where the learned chance of the whole draft so far falls to the threshold (the payoff rule's "
+        "estimate); suffix: Arctic's cache with configs/spec/suffix.yaml's options at each min_token_prob. SAM at "
+        "suffix's drafting: SAM's accepted tokens per position interpolated at the drafted tokens per position of "
+        "each suffix row.",
+        "",
+        "| drafter | threshold | drafted / position | accepted / position | acceptance | SAM at this drafting | SAM / suffix |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in sweep["rows"]:
+        at = row.get("sam_at_equal_drafting")
+        tf.append(
+            f"| {row['drafter']} | {row['threshold']} | {row['drafted_per_position']:.3f} | "
+            f"{row['accepted_per_position']:.3f} | {row['acceptance']:.3f} | "
+            + ("-" if at is None else f"{at:.3f}")
+            + " | "
+            + ("-" if at is None else f"{at / row['accepted_per_position']:.2f}x")
+            + " |"
+        )
+    (out / "sam_teacher_forced.md").write_text("\n".join(tf) + "\n")
+    print("\n".join(tf))
+
+
+if __name__ == "__main__":
+    main()
