@@ -136,6 +136,11 @@ class StepCost:
     def known(self) -> bool:
         return self.steps >= 8 and self.coef[1] + self.coef[2] > 0
 
+    @property
+    def exploring(self) -> bool:
+        """Whether too few steps with drafts were seen to price drafting (:data:`EXPLORE_UNTIL`)."""
+        return self.drafted_steps < EXPLORE_UNTIL
+
 
 class PinnedStepCost(StepCost):
     """A step cost given, not learned (``SAMOptions.payoff_cost``): drafting depends on the tokens alone."""
@@ -150,6 +155,10 @@ class PinnedStepCost(StepCost):
     @property
     def known(self) -> bool:
         return True
+
+    @property
+    def exploring(self) -> bool:
+        return False  # nothing to learn: drafting depends on the tokens alone
 
 
 def payoff_lengths(

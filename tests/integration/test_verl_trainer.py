@@ -82,6 +82,11 @@ def run_to_end(args: list[str], job: str) -> None:
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
 
 
+# every draft SAM's rules give: the test checks that SAM drafts inside veRL's servers and vLLM accepts them; under the
+# payoff rule the harness model's drafts do not pay at this size, and it would (rightly) send almost none
+SAM_DRAFTS = ("spec.sam.payoff=false",)
+
+
 def test_verl_trainer_runs_dapo_with_sam_and_resumes_after_kill_9(harness_model, tmp_path):
     out = tmp_path / "run"
     first_job = f"test-{uuid.uuid4().hex}"
@@ -89,7 +94,7 @@ def test_verl_trainer_runs_dapo_with_sam_and_resumes_after_kill_9(harness_model,
     log = (tmp_path / "launch1.log").open("w")
     try:
         first = subprocess.Popen(
-            launch_args(harness_model, out, *SAVED_AND_VALIDATED), cwd=REPO, env={**os.environ, JOB_ENV: first_job},
+            launch_args(harness_model, out, *SAVED_AND_VALIDATED, *SAM_DRAFTS), cwd=REPO, env={**os.environ, JOB_ENV: first_job},
             stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
         wait_for_checkpoint(first, out, 1, timeout_s=900)
@@ -98,7 +103,11 @@ def test_verl_trainer_runs_dapo_with_sam_and_resumes_after_kill_9(harness_model,
         assert job_processes(first_job), "the killed launcher's job should still be running (it has no finally)"
 
         second = subprocess.run(
-            launch_args(harness_model, out, *SAVED_AND_VALIDATED), cwd=REPO, capture_output=True, text=True, timeout=900
+            launch_args(harness_model, out, *SAVED_AND_VALIDATED, *SAM_DRAFTS),
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=900,
         )
         assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
         assert not job_processes(first_job), "the relaunch should have ended the killed launcher's job"
