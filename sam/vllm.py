@@ -27,7 +27,6 @@ import numpy as np
 from sam.payoff import (
     EXPLORE_CHANCE,
     EXPLORE_EVERY,
-    EXPLORE_ROWS,
     AcceptanceModel,
     PinnedStepCost,
     ShadowDrafts,
@@ -165,7 +164,7 @@ class SAMProposer:
         self.shadows.start(slots, drafts, lengths, group, band)
         if not self.step_cost.known:
             lengths = np.zeros_like(lengths)
-        elif self.step_cost.exploring and rows <= EXPLORE_ROWS and self.steps % EXPLORE_EVERY == 0:
+        elif self.step_cost.exploring and self.steps % EXPLORE_EVERY == 0:
             likely = np.arange(self.k)[None, :] < lengths[:, None]
             likely &= self.acceptance.chances(group, band) >= EXPLORE_CHANCE
             lengths = likely.sum(axis=1)  # explore: what drafting costs can only be learned by drafting
