@@ -56,6 +56,12 @@ BUILTIN_MODELS = {
 }
 
 
+def is_gguf_spec(spec: object) -> bool:
+    """Whether a model value names a built-in model or a ``.gguf`` file (converted by :func:`resolve_model`), not a
+    HF directory."""
+    return str(spec) in BUILTIN_MODELS or str(spec).endswith(".gguf")
+
+
 def builtin_gguf(name: str) -> Path:
     """The GGUF file of built-in model ``name``, from its installed package."""
     model = BUILTIN_MODELS[name]

@@ -226,7 +226,7 @@ def rollout_inputs(model: str | None, max_prompts: int) -> tuple[Path, list[list
         from recipe.models import resolve_model
 
         ckpt = resolve_model(model)
-        data, dtype = write_splits(REPO_ROOT / "artifacts" / "word_problems")[1], "bfloat16"
+        data, dtype = write_splits()[1], "bfloat16"
     _, ids = load_prompts(str(data), load_tokenizer(ckpt), 512, max_prompts)
     return ckpt, ids, dtype
 

@@ -45,7 +45,7 @@ def rollouts(model: str, prompts: int, n: int, max_tokens: int) -> list[tuple[np
         from recipe.models import resolve_model
 
         ckpt = resolve_model(model)
-        train, _ = write_splits(REPO_ROOT / "artifacts" / "word_problems")
+        train, _ = write_splits()
         _, ids = load_prompts(str(train), load_tokenizer(ckpt), 512, prompts)
         engine = mode_engine(ckpt, "off", 0, None, None, dtype="bfloat16")
         result = engine.generate(ids, n, {"temperature": 1.0, "top_p": 1.0, "max_tokens": max_tokens})

@@ -35,7 +35,7 @@ def main() -> None:
     args = parser.parse_args()
 
     ckpt = resolve_model(args.model)
-    _, test_path = write_splits(REPO_ROOT / "artifacts" / "word_problems")
+    _, test_path = write_splits()
     test = load_problems(test_path)[: args.problems]
     llm = make_llm(str(ckpt), None, EngineOptions(max_model_len=1024, gpu_memory_utilization=0.15))
     greedy = evaluate(llm, test, n=1, temperature=0.0, max_tokens=args.max_tokens)

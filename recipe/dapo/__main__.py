@@ -29,14 +29,14 @@ def resolve_inputs(cfg: DictConfig) -> tuple[str, str, str]:
     if model is not None:
         # a built-in real model, a .gguf file or a HF directory: one checked HF checkpoint (recipe/models.py), before
         # any engine starts; a real model's default data are the word problems (recipe/data/word_problems.py)
-        from recipe.models import BUILTIN_MODELS, CACHE_DIR, resolve_model
+        from recipe.models import is_gguf_spec, resolve_model
 
-        real = str(model) in BUILTIN_MODELS or str(model).endswith(".gguf")
+        real = is_gguf_spec(model)
         model = str(resolve_model(model))
         if real:
             from recipe.data.word_problems import write_splits
 
-            word_train, word_val = write_splits(CACHE_DIR.parent / "word_problems")
+            word_train, word_val = write_splits()
             return model, str(train or word_train), str(val or word_val)
     if model is None or train is None or val is None:
         from recipe.dapo.data import write_unseen_prompts

@@ -155,11 +155,10 @@ def validate(cfg: DictConfig) -> None:
     )
     model_path = cfg.actor_rollout_ref.model.path
     if model_path is not None:
-        from recipe.models import BUILTIN_MODELS
+        from recipe.models import BUILTIN_MODELS, is_gguf_spec
 
-        builtin_or_gguf = str(model_path) in BUILTIN_MODELS or str(model_path).endswith(".gguf")
         _require(
-            builtin_or_gguf or Path(model_path, "config.json").is_file(),
+            is_gguf_spec(model_path) or Path(model_path, "config.json").is_file(),
             "actor_rollout_ref.model.path",
             f"{model_path} is neither a built-in model ({', '.join(BUILTIN_MODELS)}), a .gguf file nor a HF checkpoint "
             "directory (no config.json)",

@@ -2,8 +2,9 @@
 
 A problem is a short story with one or two operations on small whole numbers (``Mia has 17 apples. She buys 25
 more. How many apples does she have now?``). SmolLM2-135M-Instruct solves some of them and misses many (its greedy
-answer to 17 + 25 is 32), so DAPO has somewhere to go, and the prompt is DAPO-Math-17k's own instruction: the
-last line of the response must be ``Answer: <number>``, which veRL's ``math_dapo`` scorer reads.
+answer to 17 + 25 is 32), so DAPO has somewhere to go. The prompt is DAPO-Math-17k's own instruction (end with
+``Answer: <number>``); the model mostly ends with "The answer is 20." instead, so the reward scores the last number
+of the response for this data source (``recipe.dapo.batch.compute_score``).
 
 Train and held-out splits come from different seeds with every held-out problem text removed from train, so
 held-out accuracy measures what transfers. ``python -m recipe.data.word_problems <out_dir>`` writes both.
@@ -19,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 DATA_SOURCE = "word_problems"
+DEFAULT_DIR = Path(__file__).resolve().parents[2] / "artifacts" / "word_problems"  # where the default splits live
 ABILITY = "math"
 # DAPO-Math-17k's prompt, word for word around the problem
 PROMPT = (
@@ -93,7 +95,9 @@ def generate_rows(num: int, seed: int, split: str, two_op_share: float = 0.5) ->
     return rows
 
 
-def write_splits(out_dir: str | Path, num_train: int = 4000, num_test: int = 300, seed: int = 0) -> tuple[Path, Path]:
+def write_splits(
+    out_dir: str | Path = DEFAULT_DIR, num_train: int = 4000, num_test: int = 300, seed: int = 0
+) -> tuple[Path, Path]:
     """``train.parquet`` and ``test.parquet`` under ``out_dir`` (written once; no held-out problem in train)."""
     out = Path(out_dir)
     train_path, test_path = out / "train.parquet", out / "test.parquet"
@@ -119,7 +123,7 @@ def write_splits(out_dir: str | Path, num_train: int = 4000, num_test: int = 300
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("out_dir", nargs="?", default="artifacts/word_problems")
+    parser.add_argument("out_dir", nargs="?", default=str(DEFAULT_DIR))
     parser.add_argument("--num-train", type=int, default=4000)
     parser.add_argument("--num-test", type=int, default=300)
     parser.add_argument("--seed", type=int, default=0)
