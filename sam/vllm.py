@@ -54,6 +54,7 @@ class SAMProposer:
         self.steps = 0
         self.gated_steps = 0
         self.preempted_steps = 0  # request-steps spent preempted (row missing, request kept)
+        self.busy_s = 0.0  # time spent inside propose: the drafter's own share of the engine's steps
         # the payoff rule (sam/payoff.py): step cost and acceptance learned from this engine's own steps
         pinned = self.options.payoff_cost
         self.step_cost = StepCost() if pinned is None else PinnedStepCost(pinned)
@@ -203,6 +204,7 @@ class SAMProposer:
         drafts, lengths, group, mlen = self.drafter.step_arrays(slots, tokens, offsets, ks)
         if self.options.payoff:
             lengths = self._pay(rows, slots, drafts, lengths.astype(np.int64), group, mlen)
+        self.busy_s += self.clock() - now
         return draft_lists(drafts, lengths)
 
 

@@ -232,6 +232,8 @@ def rollout_inputs(model: str | None, max_prompts: int) -> tuple[Path, list[list
 
 
 def main() -> None:
+    from recipe.dapo.timeline import equal_work_vs_off, speed_by_active_requests_vs_off
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--n", type=int, default=8)
@@ -280,8 +282,12 @@ def main() -> None:
     for rep in range(args.repeats):
         for name, engine in engines.items():
             engine.reseed(1000 + rep)  # every mode's rollout of a repeat draws from the same sampler seed
+            busy = engine.drafter_busy_s()
             result = engine.generate(prompts, args.n, sampling)
             s = result.timeline.summary(args.tail)
+            s["drafter_ms_per_step"] = (
+                math.nan if busy is None else 1000 * (engine.drafter_busy_s() - busy) / max(s["engine_steps"], 1)
+            )
             runs[name].append(s)
             timelines[name].append(result.timeline)
             print(rep, name, json.dumps({k: round(v, 3) for k, v in s.items()}))
@@ -302,6 +308,8 @@ def main() -> None:
                 "tail_request_tok_s": median("tail_request_tok_s"),
                 "tail_time_share": median("tail_time_share"),
                 "tokens_per_request_step": median("tokens_per_request_step"),
+                "ms_per_step": 1000 * median("rollout_time_s") / median("engine_steps"),
+                "drafter_ms_per_step": median("drafter_ms_per_step"),
                 "tail_tokens_per_request_step": median("tail_tokens_per_request_step"),
                 "acceptance": float(np.nansum([s["accepted_tokens"] for s in summaries]))
                 / max(float(np.nansum([s["draft_tokens"] for s in summaries])), 1.0),
@@ -310,8 +318,10 @@ def main() -> None:
             }
         )
     bands = band_columns(timelines)
+    equal_work = equal_work_vs_off(speed_by_active_requests_vs_off(timelines))
     for row in rows:
         row.update(bands[row["mode"]])
+        row["equal_work_vs_off"] = equal_work.get(row["mode"], math.nan)
     for engine in engines.values():
         engine.close()
     base = rows[0] if rows[0]["mode"] == "off" else None
@@ -331,11 +341,15 @@ def main() -> None:
         "SAM options from configs/spec unless a mode says /<letter><value> (SAM_MODE_OPTIONS); every mode's engine alive at once, "
         f"rollouts interleaved mode by mode, each repeat's rollouts from one sampler seed, medians of {args.repeats}). The tail columns read each mode's own tail, "
         "which holds the requests that mode drafted worst (a drafter changes which requests are left at the end); the "
-        "table by active requests below compares equal batch sizes.",
+        "table by active requests below compares equal batch sizes. `equal work` is the whole rollout at spec off's "
+        "mix of batch sizes (recipe.dapo.timeline.equal_work_vs_off: at T=1 a draft changes which tokens a rollout "
+        "samples, and with them how many responses run long); `drafter ms` the proposer's own time per engine step "
+        "(SAM; inside the step time).",
         "",
-        "| mode | K | tokens/s | vs off | tail tokens/s | tail vs off | tail tokens/s per request | vs off | "
-        "tokens/request-step | tail tokens/request-step | tail time share | drafted per token | accepted |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| mode | K | tokens/s | vs off | equal work vs off | ms/step | drafter ms/step | tail tokens/s | tail vs off | "
+        "tail tokens/s per request | vs off | tokens/request-step | tail tokens/request-step | tail time share | "
+        "drafted per token | accepted |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
 
     def vs_base(r: dict, key: str) -> str:
@@ -344,6 +358,7 @@ def main() -> None:
     for r in rows:
         lines.append(
             f"| {r['mode']} | {r['k'] or '-'} | {r['rollout_tok_s']:.0f} | {vs_base(r, 'rollout_tok_s')} | "
+            f"{r['equal_work_vs_off']:.2f}x | {r['ms_per_step']:.1f} | {r['drafter_ms_per_step']:.2f} | "
             f"{r['tail_tok_s']:.0f} | {vs_base(r, 'tail_tok_s')} | {r['tail_request_tok_s']:.0f} | "
             f"{vs_base(r, 'tail_request_tok_s')} | {r['tokens_per_request_step']:.2f} | "
             f"{r['tail_tokens_per_request_step']:.2f} | {r['tail_time_share']:.2f} | "

@@ -72,12 +72,30 @@ def require_local_trainable(model: str) -> None:
         )
 
 
+def require_mtp_layer(model: str) -> None:
+    """``spec=mtp`` drafts with the checkpoint's own MTP layer: a checkpoint without one is named at start, with how
+    to graft one (mtp/graft.py), instead of failing inside vLLM's engine start."""
+    import json
+
+    from recipe.dapo.config import ConfigError
+
+    config = Path(model, "config.json")
+    if config.is_file() and not json.loads(config.read_text()).get("num_nextn_predict_layers"):
+        raise ConfigError(
+            f"spec=mtp: {model} has no MTP layer (config.json num_nextn_predict_layers); graft one onto a Llama "
+            f"checkpoint with `python -m mtp.graft {model} OUT_DIR` (scripts/graft_mtp_real.py also trains it on the "
+            "model's own samples), then set actor_rollout_ref.model.path=OUT_DIR"
+        )
+
+
 def run(cfg: DictConfig) -> list[dict] | DictConfig:
     """Train on the chosen backend: the local history of metrics, or (backend=verl) veRL's config."""
     validate(cfg)
     model, train, val = resolve_inputs(cfg)
     if cfg.backend == "local":
         require_local_trainable(model)
+    if str(cfg.spec.method) == "mtp":
+        require_mtp_layer(model)
     verl_cfg = verl_config(cfg, model, train, val, resolve_device(str(cfg.trainer.device)))
     if cfg.backend == "verl":
         from recipe.dapo.verl_backend import run_verl

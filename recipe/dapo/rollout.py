@@ -169,6 +169,11 @@ def _record_suffix_tree_on_worker(worker) -> None:
         drafter.suffix_cache = RecordedSuffixCache(old.max_tree_depth, old.max_cached_requests)
 
 
+def _drafter_busy_on_worker(worker) -> float | None:
+    """Runs in a vLLM worker: seconds SAM's proposer has spent inside ``propose`` (None for other drafters)."""
+    return getattr(getattr(worker.model_runner, "drafter", None), "busy_s", None)
+
+
 def _drafter_state_on_worker(worker, blob: bytes | None = None) -> bytes | None:
     """Runs in a vLLM worker: get (``blob=None``) or set the drafter's cross-rollout memory, as one pickled blob
     (vLLM's RPC turns nested bytes into memoryviews it cannot forward to workers): SAM's per-prompt history, or
@@ -274,6 +279,10 @@ class RolloutEngine:
         global tree), tagged with its speculative method; None without one."""
         state = self.llm.collective_rpc(_drafter_state_on_worker)[0]
         return None if state is None else pickle.dumps({"method": self.spec_config["method"], "state": state})
+
+    def drafter_busy_s(self) -> float | None:
+        """Seconds the drafter has spent proposing in this engine so far (SAM only; None for other methods)."""
+        return self.llm.collective_rpc(_drafter_busy_on_worker)[0]
 
     def load_drafter_state(self, blob: bytes) -> None:
         saved = pickle.loads(blob)

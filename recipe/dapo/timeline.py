@@ -171,6 +171,29 @@ def speed_by_active_requests_vs_off(timelines: dict[str, Iterable[RolloutTimelin
     ]
 
 
+def equal_work_vs_off(bands: list[dict[str, float | str]]) -> dict[str, float]:
+    """Per mode, the whole rollout's speed over spec off's at spec off's mix of batch sizes: off's time in each band
+    of active requests, rescaled by the mode's tokens/s per request there against off's. At T=1 any accepted or
+    rejected draft changes which tokens a rollout samples, so two modes' rollouts differ in how many of their
+    responses run long, and their own tokens/s differ by that luck; this ratio compares the same work. NaN
+    without spec off's bands or where a mode has no step in a band off spends time in."""
+    off = {i: b for i, b in enumerate(b for b in bands if b["mode"] == "off")}
+    if not off:
+        return {}
+    per_mode: dict[str, list[dict]] = {}
+    for band in bands:
+        per_mode.setdefault(str(band["mode"]), []).append(band)
+    out = {}
+    for mode, mode_bands in per_mode.items():
+        time = 0.0
+        for i, band in enumerate(mode_bands):
+            share = float(off[i]["time_share"])
+            if share > 0:
+                time += share / float(band["request_tok_s_vs_off"])
+        out[mode] = ratio(1.0, time)
+    return out
+
+
 def rollout_ratios(c: dict[str, float]) -> dict[str, float]:
     """Throughputs, acceptance and tail shares from the counts of ``RolloutTimeline.summary`` (of one round,
     or summed over a step's rounds); NaN tail ratios when there was no tail."""

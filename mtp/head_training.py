@@ -1,0 +1,175 @@
+"""Train an MTP head on the model's own samples with the trunk frozen, and measure its acceptance in vLLM.
+
+The head drafts what the policy will sample, so it learns from the policy's own rollouts (T=1, the prompts RL
+trains on), not from reference text. The trunk is frozen: its hidden states are computed once per packed batch (in
+the engine's dtype, as vLLM computes the states the head reads when it drafts) and cached, and only the MTP layers
+train, with the same CE on detached inputs that online MTP uses during RL (:mod:`mtp.loss`).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from mtp.checkpoint import load_checkpoint, load_tokenizer, save_checkpoint
+from mtp.loss import masked_ce, mtp_targets
+from mtp.model import packed_positions, rope_cos_sin, run_mtp_layers
+
+
+@dataclass
+class Sample:
+    ids: np.ndarray  # prompt + response token ids
+    response_mask: np.ndarray  # 1 on response tokens
+
+
+def own_samples(
+    ckpt: str | Path, prompts: list[list[int]], n: int, max_tokens: int, seed: int, progress: bool = True
+) -> tuple[list[Sample], dict]:
+    """``n`` responses per prompt sampled by the checkpoint itself in vLLM at T=1 (spec off), and the rollout's
+    summary (tokens, time)."""
+    from recipe.dapo.rollout import RolloutEngine
+    from recipe.engine import EngineOptions
+
+    engine = RolloutEngine(str(ckpt), None, EngineOptions(max_model_len=1024, seed=seed), None, free_cache_engine=False)
+    try:
+        result = engine.generate(prompts, n, {"temperature": 1.0, "top_p": 1.0, "max_tokens": max_tokens}, progress)
+    finally:
+        engine.close()
+    samples = []
+    for r in result.responses:
+        ids = np.asarray(list(r.prompt_ids) + list(r.token_ids), dtype=np.int64)
+        mask = np.zeros(len(ids), dtype=np.int64)
+        mask[len(r.prompt_ids) :] = 1
+        samples.append(Sample(ids, mask))
+    return samples, result.timeline.summary(8)
+
+
+def pack(samples: list[Sample], tokens_per_pack: int, rng: np.random.Generator) -> list[list[Sample]]:
+    """Shuffled samples packed greedily into streams of at most ``tokens_per_pack`` tokens."""
+    packs, cur, cur_len = [], [], 0
+    for i in rng.permutation(len(samples)):
+        s = samples[i]
+        if cur and cur_len + len(s.ids) > tokens_per_pack:
+            packs.append(cur)
+            cur, cur_len = [], 0
+        cur.append(s)
+        cur_len += len(s.ids)
+    return packs + ([cur] if cur else [])
+
+
+@dataclass
+class CachedPack:
+    cu: torch.Tensor  # sequence boundaries
+    positions: torch.Tensor  # per-sequence positions
+    hidden: torch.Tensor  # [T, H] frozen trunk's pre-norm hidden states (engine dtype)
+    embeds: torch.Tensor  # [T, H] token embeddings
+    train_at: torch.Tensor  # stream positions whose MTP target is a response token
+    targets: torch.Tensor  # the MTP target at each of those
+
+
+def cache_trunk(model, packs: list[list[Sample]], progress: bool = True) -> list[CachedPack]:
+    """The frozen trunk's hidden states of every pack, once."""
+    out = []
+    cfg = model.config
+    for group in tqdm(packs, desc="trunk states", disable=not progress, dynamic_ncols=True):
+        ids = torch.from_numpy(np.concatenate([s.ids for s in group]))
+        mask = torch.from_numpy(np.concatenate([s.response_mask for s in group]))
+        cu = torch.zeros(len(group) + 1, dtype=torch.long)
+        cu[1:] = torch.cumsum(torch.tensor([len(s.ids) for s in group]), 0)
+        positions = packed_positions(cu, ids.shape[0])
+        cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta)
+        with torch.no_grad():
+            embeds, hidden = model.trunk(ids, cos, sin, (cu[1:] - cu[:-1]).tolist())
+        targets, tmask = mtp_targets(ids, mask, cu, depth=0)
+        train_at = torch.flatnonzero(tmask)
+        out.append(CachedPack(cu, positions, hidden, embeds, train_at, targets[train_at]))
+    return out
+
+
+def train_head(
+    ckpt: str | Path,
+    samples: list[Sample],
+    out_dir: str | Path,
+    epochs: int = 2,
+    tokens_per_pack: int = 4096,
+    lr: float = 1e-3,
+    seed: int = 0,
+    dtype: torch.dtype = torch.bfloat16,
+    progress: bool = True,
+) -> tuple[Path, list[dict]]:
+    """Train the MTP layers of ``ckpt`` on ``samples`` (trunk, embeddings and LM head frozen) and write the checkpoint
+    to ``out_dir``; returns it and the per-step history (loss, top-1 accuracy of the draft, seconds)."""
+    torch.manual_seed(seed)
+    model = load_checkpoint(ckpt, dtype)
+    model.requires_grad_(False)
+    cfg = model.config
+    layers = copy.deepcopy(model.model.mtp_layers).float().requires_grad_(True)
+    head = model.lm_head.weight.detach().float()
+    rng = np.random.default_rng(seed)
+    cached = cache_trunk(model, pack(samples, tokens_per_pack, rng), progress)
+    total = epochs * len(cached)
+    opt = torch.optim.AdamW(layers.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=total, pct_start=0.05)
+    history = []
+    start = time.time()
+    bar = tqdm(total=total, desc="mtp head", disable=not progress, dynamic_ncols=True)
+    for epoch in range(epochs):
+        for i in rng.permutation(len(cached)):
+            c = cached[i]
+            rope = rope_cos_sin(c.positions, cfg.head_dim, cfg.rope_theta)
+            logits = run_mtp_layers(
+                layers, c.hidden.float(), c.embeds.float(), head, c.cu, c.positions, rope, mtp_positions=c.train_at
+            )[0]
+            loss, acc = masked_ce(logits, c.targets, torch.ones_like(c.targets))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(layers.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            history.append(
+                {"step": len(history), "epoch": epoch, "loss": loss.item(), "acc": acc.item(), "s": time.time() - start}
+            )
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss.item():.3f}", acc=f"{acc.item():.3f}")
+    bar.close()
+    model.model.mtp_layers.load_state_dict({k: v.to(dtype) for k, v in layers.state_dict().items()})
+    out = save_checkpoint(model, load_tokenizer(ckpt), out_dir, extra_config=_extra_config(ckpt))
+    return out, history
+
+
+def _extra_config(ckpt: str | Path) -> dict:
+    import json
+
+    hf = json.loads((Path(ckpt) / "config.json").read_text())
+    return {k: v for k, v in hf.items() if k.startswith("spec_rollout_")}
+
+
+def mtp_acceptance(
+    ckpt: str | Path, prompts: list[list[int]], n: int, max_tokens: int, seed: int, progress: bool = True
+) -> dict:
+    """The checkpoint's MTP head drafting in vLLM (method ``mtp``, one token) at T=1: the share of its drafts
+    accepted, tokens per request-step and the rollout's tokens/s."""
+    from recipe.dapo.rollout import RolloutEngine
+    from recipe.engine import EngineOptions, speculative_config
+
+    engine = RolloutEngine(
+        str(ckpt), speculative_config("mtp", 1), EngineOptions(max_model_len=1024, seed=seed), None,
+        free_cache_engine=False,
+    )  # fmt: skip
+    try:
+        result = engine.generate(prompts, n, {"temperature": 1.0, "top_p": 1.0, "max_tokens": max_tokens}, progress)
+    finally:
+        engine.close()
+    s = result.timeline.summary(8)
+    return {
+        "acceptance": s["accepted_tokens"] / max(s["draft_tokens"], 1.0),
+        "tokens_per_request_step": s["tokens_per_request_step"],
+        "tokens": s["tokens"],
+        "rollout_tok_s": s["throughput_tok_s"],
+    }

@@ -1,0 +1,82 @@
+"""An MTP head grafted onto the real model (SmolLM2-135M-Instruct, mtp/graft.py): vLLM serves the grafted MiMo
+checkpoint with the Llama checkpoint's greedy tokens, token for token, drafts with the new head (method ``mtp``)
+without changing them, and the DAPO entry names a checkpoint without an MTP layer under ``spec=mtp``.
+
+Compared in float32, where they match exactly. In bf16 vLLM's Qwen2 and Llama layers round differently (Qwen2's add
+the zero q/k/v bias), and one of these three greedy answers flipped at a near-tie after 18 identical tokens."""
+
+import pytest
+
+from recipe.models import resolve_model
+
+MODEL = "smollm2-135m-instruct"
+QUESTIONS = [
+    "What is 17 + 25?",
+    "Mia has 12 apples. She gives 5 to Tom. How many apples does she have now?",
+    "A box holds 6 rows of 4 eggs. How many eggs are in the box?",
+]
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    from mtp.graft import graft_mtp
+
+    llama = resolve_model(MODEL)
+    return llama, graft_mtp(llama, tmp_path_factory.mktemp("graft") / "smollm2-mtp")
+
+
+def greedy(path, spec, prompts, max_tokens=24, dtype="float32"):
+    from vllm import SamplingParams, TokensPrompt
+
+    from recipe.engine import EngineOptions, make_llm, spec_counters
+
+    llm = make_llm(str(path), spec, EngineOptions(max_model_len=512, dtype=dtype, gpu_memory_utilization=0.1))
+    try:
+        outs = llm.generate(
+            [TokensPrompt(prompt_token_ids=p) for p in prompts],
+            SamplingParams(temperature=0.0, max_tokens=max_tokens),
+            use_tqdm=False,
+        )
+        return [list(o.outputs[0].token_ids) for o in outs], spec_counters(llm)
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+
+
+def test_the_grafted_checkpoint_keeps_the_trunks_greedy_tokens_and_drafts_with_its_head(checkpoints):
+    from mtp.checkpoint import load_tokenizer
+    from recipe.engine import speculative_config
+
+    llama, grafted = checkpoints
+    tokenizer = load_tokenizer(grafted)
+    assert tokenizer.chat_template  # the chat template travels with the graft
+    prompts = [
+        tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, return_dict=False)
+        for q in QUESTIONS
+    ]
+    expected, _ = greedy(llama, None, prompts)
+    got, _ = greedy(grafted, None, prompts)
+    assert got == expected, [tokenizer.decode(t) for t in got + expected]
+    drafted, counters = greedy(grafted, speculative_config("mtp", 1), prompts)
+    assert counters.num_drafts > 0  # the grafted head drafted ...
+    assert drafted == expected  # ... and greedy verification kept the trunk's tokens
+
+
+def test_spec_mtp_on_a_checkpoint_without_an_mtp_layer_says_how_to_graft_one(tmp_path):
+    from hydra import compose, initialize_config_dir
+
+    from recipe.dapo.__main__ import CONFIG_DIR, run
+    from recipe.dapo.config import ConfigError
+
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        cfg = compose(
+            "dapo",
+            overrides=[
+                f"actor_rollout_ref.model.path={MODEL}",
+                "backend=verl",
+                "spec=mtp",
+                f"trainer.default_local_dir={tmp_path / 'run'}",
+            ],
+        )
+    with pytest.raises(ConfigError, match=r"spec=mtp: .* has no MTP layer .*python -m mtp.graft"):
+        run(cfg)
+    assert not (tmp_path / "run").exists()
