@@ -87,9 +87,23 @@ def cache_trunk(model, packs: list[list[Sample]], progress: bool = True) -> list
         with torch.no_grad():
             embeds, hidden = model.trunk(ids, cos, sin, (cu[1:] - cu[:-1]).tolist())
         targets, tmask = mtp_targets(ids, mask, cu, depth=0)
-        train_at = torch.flatnonzero(tmask)
+        train_at = torch.nonzero(tmask).flatten()
         out.append(CachedPack(cu, positions, hidden, embeds, train_at, targets[train_at]))
     return out
+
+
+def acceptance_ceiling(model, cached: list[CachedPack]) -> float:
+    """The mean of the target's own top-1 probability for token t+2 at the positions a head trains on: what a head that
+    drafts the target's argmax (vLLM's MTP drafting) would have accepted at T=1 if it knew the target's distribution
+    exactly. No one-token drafter of the argmax can beat it."""
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for c in cached:
+            rows = c.hidden[c.train_at + 1]  # the target's distribution of token t+2 is its output at t+1
+            probs = torch.softmax(model.lm_head(model.model.norm(rows)).float(), dim=-1)
+            total += float(probs.max(dim=-1).values.sum())
+            count += int(rows.shape[0])
+    return total / max(count, 1)
 
 
 def train_head(
@@ -101,10 +115,19 @@ def train_head(
     lr: float = 1e-3,
     seed: int = 0,
     dtype: torch.dtype = torch.bfloat16,
+    objective: str = "distill",
     progress: bool = True,
-) -> tuple[Path, list[dict]]:
+) -> tuple[Path, list[dict], float]:
     """Train the MTP layers of ``ckpt`` on ``samples`` (trunk, embeddings and LM head frozen) and write the checkpoint
-    to ``out_dir``; returns it and the per-step history (loss, top-1 accuracy of the draft, seconds)."""
+    to ``out_dir``; returns it, the per-step history (loss, top-1 accuracy against the sampled token, the expected
+    acceptance of a probabilistic draft ``sum(min(p, q))``, seconds) and the data's :func:`acceptance_ceiling`.
+
+    ``objective``: ``distill`` matches the target's whole distribution of token t+2 (its own output at t+1, from the
+    cached states): what a probabilistic draft (vLLM's ``draft_sample_method=probabilistic``) is accepted by, and far
+    more signal per token than the sampled token; ``sampled``: CE on the sampled token, the loss online MTP uses in
+    RL."""
+    if objective not in ("distill", "sampled"):
+        raise ValueError(f"objective={objective!r}: distill | sampled")
     torch.manual_seed(seed)
     model = load_checkpoint(ckpt, dtype)
     model.requires_grad_(False)
@@ -113,6 +136,7 @@ def train_head(
     head = model.lm_head.weight.detach().float()
     rng = np.random.default_rng(seed)
     cached = cache_trunk(model, pack(samples, tokens_per_pack, rng), progress)
+    ceiling = acceptance_ceiling(model, cached)
     total = epochs * len(cached)
     opt = torch.optim.AdamW(layers.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.0)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=total, pct_start=0.05)
@@ -126,21 +150,30 @@ def train_head(
             logits = run_mtp_layers(
                 layers, c.hidden.float(), c.embeds.float(), head, c.cu, c.positions, rope, mtp_positions=c.train_at
             )[0]
-            loss, acc = masked_ce(logits, c.targets, torch.ones_like(c.targets))
+            with torch.no_grad():  # the target's own distribution of token t+2: its output at t+1
+                teacher = torch.softmax(model.lm_head(model.model.norm(c.hidden[c.train_at + 1])).float(), dim=-1)
+                drafted = torch.softmax(logits.detach(), dim=-1)
+                accept = torch.minimum(teacher, drafted).sum(-1).mean()  # a probabilistic draft's acceptance at T=1
+            if objective == "distill":
+                loss = -(teacher * torch.log_softmax(logits.float(), dim=-1)).sum(-1).mean()
+                acc = (logits.argmax(-1) == c.targets).float().mean()
+            else:
+                loss, acc = masked_ce(logits, c.targets, torch.ones_like(c.targets))
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(layers.parameters(), 1.0)
             opt.step()
             sched.step()
             history.append(
-                {"step": len(history), "epoch": epoch, "loss": loss.item(), "acc": acc.item(), "s": time.time() - start}
-            )
+                {"step": len(history), "epoch": epoch, "loss": loss.item(), "acc": acc.item(),
+                 "expected_acceptance": accept.item(), "s": time.time() - start}
+            )  # fmt: skip
             bar.update(1)
             bar.set_postfix(loss=f"{loss.item():.3f}", acc=f"{acc.item():.3f}")
     bar.close()
     model.model.mtp_layers.load_state_dict({k: v.to(dtype) for k, v in layers.state_dict().items()})
     out = save_checkpoint(model, load_tokenizer(ckpt), out_dir, extra_config=_extra_config(ckpt))
-    return out, history
+    return out, history, ceiling
 
 
 def _extra_config(ckpt: str | Path) -> dict:
@@ -151,7 +184,13 @@ def _extra_config(ckpt: str | Path) -> dict:
 
 
 def mtp_acceptance(
-    ckpt: str | Path, prompts: list[list[int]], n: int, max_tokens: int, seed: int, progress: bool = True
+    ckpt: str | Path,
+    prompts: list[list[int]],
+    n: int,
+    max_tokens: int,
+    seed: int,
+    progress: bool = True,
+    draft_sample_method: str = "greedy",
 ) -> dict:
     """The checkpoint's MTP head drafting in vLLM (method ``mtp``, one token) at T=1: the share of its drafts
     accepted, tokens per request-step and the rollout's tokens/s."""
@@ -159,7 +198,7 @@ def mtp_acceptance(
     from recipe.engine import EngineOptions, speculative_config
 
     engine = RolloutEngine(
-        str(ckpt), speculative_config("mtp", 1), EngineOptions(max_model_len=1024, seed=seed), None,
+        str(ckpt), speculative_config("mtp", 1, draft_sample_method=draft_sample_method), EngineOptions(max_model_len=1024, seed=seed), None,
         free_cache_engine=False,
     )  # fmt: skip
     try:

@@ -26,6 +26,7 @@ VLLM_METHOD_KEYS = {  # the spec group's keys that are vLLM speculative_config k
         K_BY_BATCH_KEY,
     ),
     "sam": (K_BY_BATCH_KEY,),  # vLLM does not pass it to a custom_class proposer: sam.vllm.SAMProposer reads it
+    "mtp": ("draft_sample_method",),
 }
 
 

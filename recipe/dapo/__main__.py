@@ -28,12 +28,15 @@ def resolve_inputs(cfg: DictConfig) -> tuple[str, str, str]:
     train, val = cfg.data.train_files, cfg.data.val_files
     if model is not None:
         # a built-in real model, a .gguf file or a HF directory: one checked HF checkpoint (recipe/models.py), before
-        # any engine starts; a real model's default data are the word problems (recipe/data/word_problems.py)
-        from recipe.models import is_gguf_spec, resolve_model
+        # any engine starts; any model but the embedded one (a real model, or one grafted from it) defaults to the word
+        # problems (recipe/data/word_problems.py): the embedded task is written in the embedded tokenizer's alphabet
+        from recipe.models import resolve_model
+        from recipe.sft.train import is_embedded_checkpoint
 
-        real = is_gguf_spec(model)
         model = str(resolve_model(model))
-        if real:
+        if train is not None and val is not None:
+            return model, str(train), str(val)
+        if not is_embedded_checkpoint(model):
             from recipe.data.word_problems import write_splits
 
             word_train, word_val = write_splits()

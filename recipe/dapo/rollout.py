@@ -115,7 +115,14 @@ def vllm_weights_payload(llm, state_dict: dict[str, torch.Tensor]) -> bytes:
 
     layers = llm.llm_engine.vllm_config.model_config.hf_config.num_hidden_layers
     hf = {name: t.detach().to("cpu") for name, t in state_dict.items()}
-    return save({k: v.contiguous() for k, v in to_vllm_names(hf, layers).items()})
+    out, storages = {}, set()
+    for name, t in to_vllm_names(hf, layers).items():
+        t = t.contiguous()
+        if t.untyped_storage().data_ptr() in storages:  # tied weights (embeddings = LM head): safetensors wants copies
+            t = t.clone()
+        storages.add(t.untyped_storage().data_ptr())
+        out[name] = t
+    return save(out)
 
 
 def sync_weights(llm, state_dict: dict[str, torch.Tensor]) -> None:

@@ -92,7 +92,20 @@ def world_size(cfg: DictConfig) -> int:
     return int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node)
 
 
-def cpu_overrides(cfg: DictConfig) -> dict[str, object]:
+def weight_bucket_megabytes(model_path: str, floor: int = 64) -> int:
+    """The /dev/shm bucket (MiB, a multiple of ``floor``) veRL's weight sync needs on the CPU: it refuses any tensor
+    larger than its bucket, and a real vocabulary's float32 embedding table is (SmolLM2: 49,152 x 576, 108 MiB)."""
+    import json
+
+    config = Path(model_path, "config.json")
+    if not config.is_file():  # a dry run names the embedded model before it is built
+        return floor
+    hf = json.loads(config.read_text())
+    largest = int(hf["vocab_size"]) * int(hf["hidden_size"]) * 4
+    return floor * -(-largest // (floor << 20))
+
+
+def cpu_overrides(cfg: DictConfig, model_path: str) -> dict[str, object]:
     """What veRL's trainer needs on a machine without accelerators (each setting checked necessary there)."""
     replicas = world_size(cfg)
     return {
@@ -101,7 +114,10 @@ def cpu_overrides(cfg: DictConfig) -> dict[str, object]:
         "actor_rollout_ref.actor.fsdp_config.use_torch_compile": False,
         "+actor_rollout_ref.rollout.enable_sleep_mode": False,  # vLLM CPU has no sleep mode
         "actor_rollout_ref.rollout.agent.num_workers": 1,
-        "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes": 64,  # a /dev/shm buffer
+        # a /dev/shm buffer, as small as the largest tensor allows
+        "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes": weight_bucket_megabytes(
+            model_path
+        ),
         "reward.num_workers": 1,
         "transfer_queue.backend.SimpleStorage.num_data_storage_units": 1,
         # veRL schedules on Ray's "GPU" resource: the CPU node declares one logical GPU per replica
@@ -116,7 +132,7 @@ def job_config(cfg: DictConfig, verl_cfg: DictConfig) -> DictConfig:
     resumed step (as in an uninterrupted run)."""
     out = copy.deepcopy(verl_cfg)
     if out.trainer.device == "cpu":
-        apply_overrides(out, cpu_overrides(cfg))
+        apply_overrides(out, cpu_overrides(cfg, str(out.actor_rollout_ref.model.path)))
     if out.trainer.resume_mode == "auto" and latest_step(Path(out.trainer.default_local_dir)) > 0:
         out.trainer.val_before_train = False
     return out

@@ -109,6 +109,15 @@ BUILD_SOURCES = (  # the code that generates the task and tokenizer and trains t
 )
 
 
+SFT_HASH_KEY = "spec_rollout_sft_hash"  # config.json key of a checkpoint this module trained: the embedded base model
+
+
+def is_embedded_checkpoint(path: str | Path) -> bool:
+    """Whether ``path`` holds a base model this module trained (on the embedded task, with its own tokenizer)."""
+    config = Path(path) / "config.json"
+    return config.is_file() and SFT_HASH_KEY in json.loads(config.read_text())
+
+
 def code_fingerprint(root: Path = REPO_ROOT, sources: tuple[str, ...] = BUILD_SOURCES) -> str:
     """Hash of the source files that build the base model: changing that code rebuilds the cached checkpoint."""
     digest = hashlib.sha256()
@@ -180,9 +189,7 @@ def train_base(cfg: DictConfig, out_dir: str | Path, progress: bool = True) -> P
         history.append(agg)
         bar.set_postfix(lm=f"{agg['lm_loss']:.3f}", mtp=f"{agg.get('mtp_0_loss', 0):.3f}")
 
-    ckpt = save_checkpoint(
-        model, tokenizer, out_dir / "checkpoint", extra_config={"spec_rollout_sft_hash": config_hash(cfg)}
-    )
+    ckpt = save_checkpoint(model, tokenizer, out_dir / "checkpoint", extra_config={SFT_HASH_KEY: config_hash(cfg)})
     (out_dir / "sft_history.jsonl").write_text("".join(json.dumps(h) + "\n" for h in history))
     plot_loss_curve(history, out_dir / "sft_loss.png")
     return ckpt

@@ -132,3 +132,17 @@ def test_spec_mtp_lr_reaches_verls_optimizer_for_an_online_head_only():
     validate(config(*megatron))
     with pytest.raises(ConfigError, match=r"spec\.mtp\.lr.*Megatron"):
         validate(config(*megatron, "spec.mtp.lr=0.001"))
+
+
+def test_verls_cpu_weight_bucket_holds_the_largest_tensor(tmp_path):
+    """veRL's CPU weight sync refuses a tensor larger than its /dev/shm bucket: a real vocabulary's float32 embedding
+    table (SmolLM2: 49,152 x 576 x 4 B = 108 MiB) needs a larger bucket than the embedded model's 64 MiB."""
+    import json
+
+    from recipe.dapo.verl_backend import weight_bucket_megabytes
+
+    for name, vocab, hidden, expected in (("embedded", 320, 128, 64), ("smollm2", 49152, 576, 128)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps({"vocab_size": vocab, "hidden_size": hidden}))
+        assert weight_bucket_megabytes(str(tmp_path / name)) == expected
+    assert weight_bucket_megabytes(str(tmp_path / "not_built")) == 64
