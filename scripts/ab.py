@@ -457,7 +457,10 @@ def timeline_plot(runs_dir: Path, path: Path) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4))
     for mode in ("off", "sam_group", "sam"):
-        files = sorted((runs_dir / mode / "timelines").glob("step_*_round_1.json"))
+        from recipe.dapo.timeline import saved_timelines
+
+        by_step = saved_timelines(runs_dir / mode / "timelines")
+        files = by_step[max(by_step)][:1] if by_step else []  # the last step's first round (first server's)
         if not files:
             continue
         steps = json.loads(files[-1].read_text())["steps"]
@@ -479,15 +482,13 @@ def timeline_plot(runs_dir: Path, path: Path) -> None:
 
 
 def load_timelines(run_dir: Path) -> dict[int, list]:
-    """The run's saved rollout timelines by training step (one per generation round)."""
-    from collections import defaultdict
+    """The run's saved rollout timelines by training step (one per generation round, per server on backend=verl)."""
 
-    from recipe.dapo.timeline import RolloutTimeline
+    from recipe.dapo.timeline import RolloutTimeline, saved_timelines
 
-    rounds: dict[int, list] = defaultdict(list)
-    for path in sorted((run_dir / "timelines").glob("step_*_round_*.json")):
-        rounds[int(path.name.split("_")[1])].append(RolloutTimeline.load(path))
-    return dict(rounds)
+    return {
+        step: [RolloutTimeline.load(p) for p in paths] for step, paths in saved_timelines(run_dir / "timelines").items()
+    }
 
 
 def run_config(run_dir: Path):

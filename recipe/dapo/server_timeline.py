@@ -23,7 +23,7 @@ import socket
 from pathlib import Path
 
 from recipe.dapo.step_marks import read_marks, step_windows
-from recipe.dapo.timeline import RolloutTimeline, StepRecord, step_rollout_metrics
+from recipe.dapo.timeline import RolloutTimeline, StepRecord, step_rollout_metrics, timeline_path
 
 TIMELINE_DIR_ENV = "SPEC_ROLLOUT_TIMELINE_DIR"
 FLUSH_ROWS = 256
@@ -150,7 +150,7 @@ def rollout_metrics_by_step(out_dir: Path, validated: set[int], tail_threshold: 
                 inside = inside[:-1]  # the step's validation, after its training rollouts
             for r_i, rows in enumerate(inside):
                 tl = to_timeline(rows)
-                tl.save(saved / f"step{step:06d}_server{e_i}_round{r_i + 1}.json")
+                tl.save(timeline_path(saved, step, r_i + 1, server=e_i))
                 summary = tl.summary(tail_threshold)
                 if summary:
                     summaries.append(summary)

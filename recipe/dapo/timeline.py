@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -169,6 +170,28 @@ def speed_by_active_requests_vs_off(timelines: dict[str, Iterable[RolloutTimelin
         for mode, mode_bands in bands.items()
         for i, band in enumerate(mode_bands)
     ]
+
+
+TIMELINE_NAME = re.compile(r"step_(\d+)_(?:server(\d+)_)?round_(\d+)\.json")
+
+
+def timeline_path(folder: Path, step: int, round_index: int, server: int | None = None) -> Path:
+    """Where a run keeps the timeline of one generation round: ``step_<step>_round_<r>.json`` (the local loop) or
+    ``step_<step>_server<e>_round_<r>.json`` (one per vLLM server on backend=verl). :func:`saved_timelines` reads
+    both."""
+    engine = "" if server is None else f"server{server}_"
+    return Path(folder) / f"step_{step:05d}_{engine}round_{round_index}.json"
+
+
+def saved_timelines(folder: Path) -> dict[int, list[Path]]:
+    """A run's timeline files by training step, in (server, round) order; both backends' names."""
+    found: dict[int, list[tuple[int, int, Path]]] = {}
+    for path in Path(folder).glob("step_*.json"):
+        m = TIMELINE_NAME.fullmatch(path.name)
+        if m:
+            step, server, round_index = int(m[1]), int(m[2] or 0), int(m[3])
+            found.setdefault(step, []).append((server, round_index, path))
+    return {step: [p for _, _, p in sorted(files)] for step, files in sorted(found.items())}
 
 
 def equal_work_vs_off(bands: list[dict[str, float | str]]) -> dict[str, float]:

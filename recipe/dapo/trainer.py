@@ -40,7 +40,7 @@ from recipe.dapo.report import (
     write_history,
 )
 from recipe.dapo.rollout import Rollout, RolloutEngine
-from recipe.dapo.timeline import step_rollout_metrics, timed
+from recipe.dapo.timeline import step_rollout_metrics, timed, timeline_path
 from recipe.engine import EngineOptions, spec_from_config
 
 logger = logging.getLogger(__name__)
@@ -238,7 +238,7 @@ class DAPOTrainer:
     def _save_timeline(self, timeline, round_index: int) -> None:
         folder = self.out_dir / "timelines"
         folder.mkdir(exist_ok=True)
-        timeline.save(folder / f"step_{self.global_step:05d}_round_{round_index}.json")
+        timeline.save(timeline_path(folder, self.global_step, round_index))
 
     def _round_metrics(self, rounds: list[dict], scores: np.ndarray) -> dict[str, float]:
         m = {

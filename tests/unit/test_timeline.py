@@ -142,6 +142,30 @@ def test_server_rows_are_assigned_to_steps_by_the_tracking_marks_and_validation_
     assert metrics[1]["rollout/tokens_per_request_step"] == pytest.approx(7 / 4)
     assert "rollout/spec_accept_length" in metrics[2] and metrics[2]["rollout/tokens_per_request_step"] == 3.0
     assert sorted(p.name for p in (tmp_path / "timelines").iterdir()) == [
-        "step000001_server0_round1.json",
-        "step000002_server0_round1.json",
+        "step_00001_server0_round_1.json",
+        "step_00002_server0_round_1.json",
     ]
+
+
+def test_saved_timelines_reads_both_backends_names_by_step(tmp_path):
+    """The A/B reads the timelines of either backend: the local loop's one file per round and veRL's one per server and
+    round (it used to glob only the local names, and a backend=verl A/B got an empty table)."""
+    from recipe.dapo.timeline import saved_timelines, timeline_path
+
+    written = [
+        timeline_path(tmp_path, 2, 1),
+        timeline_path(tmp_path, 1, 2),
+        timeline_path(tmp_path, 1, 1),
+        timeline_path(tmp_path, 3, 1, server=1),
+        timeline_path(tmp_path, 3, 2, server=0),
+        timeline_path(tmp_path, 3, 1, server=0),
+    ]
+    for path in written:
+        path.write_text("{}")
+    (tmp_path / "step_notes.json").write_text("{}")
+    found = {step: [p.name for p in paths] for step, paths in saved_timelines(tmp_path).items()}
+    assert found == {
+        1: ["step_00001_round_1.json", "step_00001_round_2.json"],
+        2: ["step_00002_round_1.json"],
+        3: ["step_00003_server0_round_1.json", "step_00003_server0_round_2.json", "step_00003_server1_round_1.json"],
+    }
