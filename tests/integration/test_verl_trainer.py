@@ -24,6 +24,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from recipe.dapo.step_marks import STEP_MARKS
+from recipe.dapo.timeline import saved_timelines
 from recipe.dapo.verl_backend import JOB_ENV, _shm_entries, cleanup_job, job_processes
 
 REPO = Path(__file__).resolve().parents[2]
@@ -133,7 +134,7 @@ def test_verl_trainer_runs_dapo_with_sam_and_resumes_after_kill_9(harness_model,
         assert np.mean([row["rollout/spec_accept_length"] for row in history[1:]]) > 1.1
         assert np.mean([row["rollout/tokens_per_request_step"] for row in history[1:]]) > 1.01  # spec off: 1.0
         assert (out / "curves.png").stat().st_size > 0
-        assert sorted(p.name.split("_")[0] for p in (out / "timelines").glob("*.json"))[-1] == f"step{STEPS:06d}"
+        assert max(saved_timelines(out / "timelines")) == STEPS
         assert not (out / "verl_job.id").exists()
     finally:
         log.close()
