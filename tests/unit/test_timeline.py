@@ -169,3 +169,24 @@ def test_saved_timelines_reads_both_backends_names_by_step(tmp_path):
         2: ["step_00002_round_1.json"],
         3: ["step_00003_server0_round_1.json", "step_00003_server0_round_2.json", "step_00003_server1_round_1.json"],
     }
+
+
+def test_equal_work_ratio_runs_each_mode_at_spec_offs_mix_of_batch_sizes():
+    """Off spends half its time in each of two bands; a mode twice as fast per request in the first and as fast in the
+    second does off's work in 0.25 + 0.5 of off's time: 1.33x. A band off spends time in and the mode never reached
+    makes the ratio unknown (NaN), not a flattering number."""
+    import math
+
+    from recipe.dapo.timeline import equal_work_vs_off
+
+    def band(mode, share, vs_off):
+        return {"mode": mode, "time_share": share, "request_tok_s_vs_off": vs_off}
+
+    bands = [band("off", 0.5, 1.0), band("off", 0.5, 1.0), band("off", 0.0, math.nan)]
+    bands += [band("sam", 0.3, 2.0), band("sam", 0.6, 1.0), band("sam", 0.1, 3.0)]
+    bands += [band("gap", 1.0, 1.0), band("gap", 0.0, math.nan), band("gap", 0.0, math.nan)]
+    ratios = equal_work_vs_off(bands)
+    assert ratios["off"] == 1.0
+    assert ratios["sam"] == pytest.approx(1 / 0.75)
+    assert math.isnan(ratios["gap"])
+    assert equal_work_vs_off([band("sam", 1.0, 1.0)]) == {}
