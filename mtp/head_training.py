@@ -9,6 +9,7 @@ train, with the same CE on detached inputs that online MTP uses during RL (:mod:
 from __future__ import annotations
 
 import copy
+import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -171,16 +172,14 @@ def train_head(
             bar.update(1)
             bar.set_postfix(loss=f"{loss.item():.3f}", acc=f"{acc.item():.3f}")
     bar.close()
-    model.model.mtp_layers.load_state_dict({k: v.to(dtype) for k, v in layers.state_dict().items()})
-    out = save_checkpoint(model, load_tokenizer(ckpt), out_dir, extra_config=_extra_config(ckpt))
-    return out, history, ceiling
-
-
-def _extra_config(ckpt: str | Path) -> dict:
-    import json
-
+    # the trunk is written back exactly as stored: the original weights, at the checkpoint's own precision
     hf = json.loads((Path(ckpt) / "config.json").read_text())
-    return {k: v for k, v in hf.items() if k.startswith("spec_rollout_")}
+    stored = getattr(torch, str(hf.get("torch_dtype", "bfloat16")))
+    result = load_checkpoint(ckpt, torch.float32)
+    result.model.mtp_layers.load_state_dict(layers.state_dict())
+    extra = {k: v for k, v in hf.items() if k.startswith("spec_rollout_")}
+    out = save_checkpoint(result, load_tokenizer(ckpt), out_dir, extra_config=extra, dtype=stored)
+    return out, history, ceiling
 
 
 def mtp_acceptance(
