@@ -21,17 +21,12 @@ from tqdm import tqdm
 from mtp.checkpoint import load_checkpoint, load_tokenizer, save_checkpoint
 from mtp.loss import masked_ce, mtp_targets
 from mtp.model import packed_positions, rope_cos_sin, run_mtp_layers
-
-
-@dataclass
-class Sample:
-    ids: np.ndarray  # prompt + response token ids
-    response_mask: np.ndarray  # 1 on response tokens
+from recipe.sft.train import TokenizedExample, pack_batches
 
 
 def own_samples(
     ckpt: str | Path, prompts: list[list[int]], n: int, max_tokens: int, seed: int, progress: bool = True
-) -> tuple[list[Sample], dict]:
+) -> tuple[list[TokenizedExample], dict]:
     """``n`` responses per prompt sampled by the checkpoint itself in vLLM at T=1 (spec off), and the rollout's
     summary (tokens, time)."""
     from recipe.dapo.rollout import RolloutEngine
@@ -47,21 +42,8 @@ def own_samples(
         ids = np.asarray(list(r.prompt_ids) + list(r.token_ids), dtype=np.int64)
         mask = np.zeros(len(ids), dtype=np.int64)
         mask[len(r.prompt_ids) :] = 1
-        samples.append(Sample(ids, mask))
+        samples.append(TokenizedExample(ids, mask))
     return samples, result.timeline.summary(8)
-
-
-def pack(samples: list[Sample], tokens_per_pack: int, rng: np.random.Generator) -> list[list[Sample]]:
-    """Shuffled samples packed greedily into streams of at most ``tokens_per_pack`` tokens."""
-    packs, cur, cur_len = [], [], 0
-    for i in rng.permutation(len(samples)):
-        s = samples[i]
-        if cur and cur_len + len(s.ids) > tokens_per_pack:
-            packs.append(cur)
-            cur, cur_len = [], 0
-        cur.append(s)
-        cur_len += len(s.ids)
-    return packs + ([cur] if cur else [])
 
 
 @dataclass
@@ -74,7 +56,7 @@ class CachedPack:
     targets: torch.Tensor  # the MTP target at each of those
 
 
-def cache_trunk(model, packs: list[list[Sample]], progress: bool = True) -> list[CachedPack]:
+def cache_trunk(model, packs: list[list[TokenizedExample]], progress: bool = True) -> list[CachedPack]:
     """The frozen trunk's hidden states of every pack, once."""
     out = []
     cfg = model.config
@@ -109,7 +91,7 @@ def acceptance_ceiling(model, cached: list[CachedPack]) -> float:
 
 def train_head(
     ckpt: str | Path,
-    samples: list[Sample],
+    samples: list[TokenizedExample],
     out_dir: str | Path,
     epochs: int = 2,
     tokens_per_pack: int = 4096,
@@ -136,7 +118,7 @@ def train_head(
     layers = copy.deepcopy(model.model.mtp_layers).float().requires_grad_(True)
     head = model.lm_head.weight.detach().float()
     rng = np.random.default_rng(seed)
-    cached = cache_trunk(model, pack(samples, tokens_per_pack, rng), progress)
+    cached = cache_trunk(model, pack_batches(samples, tokens_per_pack, rng), progress)
     ceiling = acceptance_ceiling(model, cached)
     total = epochs * len(cached)
     opt = torch.optim.AdamW(layers.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.0)

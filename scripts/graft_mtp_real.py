@@ -60,6 +60,7 @@ def main() -> None:
     from recipe.dapo.data import load_prompts
     from recipe.data.word_problems import write_splits
     from recipe.models import CACHE_DIR, resolve_model
+    from recipe.sft.train import TokenizedExample
 
     base = resolve_model(args.model)
     name = Path(base).name
@@ -73,7 +74,8 @@ def main() -> None:
     # the head's data, kept beside the checkpoints: sampling is the slow part, training can be re-run on it
     cache = CACHE_DIR / f"{name}-mtp-samples-p{args.train_prompts}-n{args.n}-t{args.max_tokens}-s{args.seed}.pkl"
     if cache.is_file():
-        samples, report["samples"] = pickle.loads(cache.read_bytes())
+        arrays, report["samples"] = pickle.loads(cache.read_bytes())
+        samples = [TokenizedExample(ids, mask) for ids, mask in arrays]
     else:
         t0 = time.time()
         samples, summary = own_samples(grafted, train_prompts, args.n, args.max_tokens, args.seed)
@@ -83,7 +85,8 @@ def main() -> None:
             "tokens_per_s": summary["throughput_tok_s"],
             "seconds": time.time() - t0,
         }
-        cache.write_bytes(pickle.dumps((samples, report["samples"])))
+        arrays = [(s.ids, s.response_mask) for s in samples]
+        cache.write_bytes(pickle.dumps((arrays, report["samples"])))
     report["before"] = mtp_acceptance(grafted, eval_prompts, args.eval_n, args.max_tokens, args.seed + 1)
     t0 = time.time()
     trained, history, ceiling = train_head(

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from mtp.checkpoint import load_checkpoint, save_checkpoint
-from mtp.head_training import Sample, train_head
+from mtp.head_training import train_head
 from mtp.model import MiMoConfig, MiMoForCausalLM
+from recipe.sft.train import TokenizedExample
 
 
 @pytest.fixture(scope="module")
@@ -24,12 +25,12 @@ def checkpoint(tmp_path_factory):
     return save_checkpoint(model, tokenizer, tmp_path_factory.mktemp("head") / "ckpt", dtype=torch.float32)
 
 
-def samples(vocab: int, count: int = 48) -> list[Sample]:
+def samples(vocab: int, count: int = 48) -> list[TokenizedExample]:
     rng = np.random.default_rng(0)
     out = []
     for _ in range(count):
         ids = rng.integers(0, vocab, 60)
-        out.append(Sample(ids, np.r_[np.zeros(20, dtype=np.int64), np.ones(40, dtype=np.int64)]))
+        out.append(TokenizedExample(ids, np.r_[np.zeros(20, dtype=np.int64), np.ones(40, dtype=np.int64)]))
     return out
 
 
