@@ -3,7 +3,8 @@
 The head drafts what the policy will sample, so it learns from the policy's own rollouts (T=1, the prompts RL
 trains on), not from reference text. The trunk is frozen: its hidden states are computed once per packed batch (in
 the engine's dtype, as vLLM computes the states the head reads when it drafts) and cached, and only the MTP layers
-train, with the same CE on detached inputs that online MTP uses during RL (:mod:`mtp.loss`).
+train: by distilling the target's own distribution of the token they draft, or with the CE on the sampled token that
+online MTP uses during RL (:mod:`mtp.loss`).
 """
 
 from __future__ import annotations
@@ -24,19 +25,26 @@ from mtp.model import packed_positions, rope_cos_sin, run_mtp_layers
 from recipe.sft.train import TokenizedExample, pack_batches
 
 
+def rollout_at_t1(
+    ckpt: str | Path, spec: dict | None, prompts: list[list[int]], n: int, max_tokens: int, seed: int, progress: bool
+):
+    """One rollout of ``n`` samples per prompt at T=1 in a fresh in-process vLLM engine with ``spec``, closed after."""
+    from recipe.dapo.rollout import RolloutEngine
+    from recipe.engine import EngineOptions
+
+    engine = RolloutEngine(str(ckpt), spec, EngineOptions(max_model_len=1024, seed=seed), None, free_cache_engine=False)
+    try:
+        return engine.generate(prompts, n, {"temperature": 1.0, "top_p": 1.0, "max_tokens": max_tokens}, progress)
+    finally:
+        engine.close()
+
+
 def own_samples(
     ckpt: str | Path, prompts: list[list[int]], n: int, max_tokens: int, seed: int, progress: bool = True
 ) -> tuple[list[TokenizedExample], dict]:
     """``n`` responses per prompt sampled by the checkpoint itself in vLLM at T=1 (spec off), and the rollout's
     summary (tokens, time)."""
-    from recipe.dapo.rollout import RolloutEngine
-    from recipe.engine import EngineOptions
-
-    engine = RolloutEngine(str(ckpt), None, EngineOptions(max_model_len=1024, seed=seed), None, free_cache_engine=False)
-    try:
-        result = engine.generate(prompts, n, {"temperature": 1.0, "top_p": 1.0, "max_tokens": max_tokens}, progress)
-    finally:
-        engine.close()
+    result = rollout_at_t1(ckpt, None, prompts, n, max_tokens, seed, progress)
     samples = []
     for r in result.responses:
         ids = np.asarray(list(r.prompt_ids) + list(r.token_ids), dtype=np.int64)
@@ -175,18 +183,10 @@ def mtp_acceptance(
 ) -> dict:
     """The checkpoint's MTP head drafting in vLLM (method ``mtp``, one token) at T=1: the share of its drafts
     accepted, tokens per request-step and the rollout's tokens/s."""
-    from recipe.dapo.rollout import RolloutEngine
-    from recipe.engine import EngineOptions, speculative_config
+    from recipe.engine import speculative_config
 
-    engine = RolloutEngine(
-        str(ckpt), speculative_config("mtp", 1, draft_sample_method=draft_sample_method), EngineOptions(max_model_len=1024, seed=seed), None,
-        free_cache_engine=False,
-    )  # fmt: skip
-    try:
-        result = engine.generate(prompts, n, {"temperature": 1.0, "top_p": 1.0, "max_tokens": max_tokens}, progress)
-    finally:
-        engine.close()
-    s = result.timeline.summary(8)
+    spec = speculative_config("mtp", 1, draft_sample_method=draft_sample_method)
+    s = rollout_at_t1(ckpt, spec, prompts, n, max_tokens, seed, progress).timeline.summary(8)
     return {
         "acceptance": s["accepted_tokens"] / max(s["draft_tokens"], 1.0),
         "tokens_per_request_step": s["tokens_per_request_step"],

@@ -166,15 +166,16 @@ def mode_engine(
     )
 
 
-def by_active_requests_table(timelines: dict[str, list]) -> list[str]:
-    """Markdown lines: every mode's engine steps pooled over its rollouts by active requests (recipe.dapo.timeline
-    bands), tokens/s per active request and over spec off's in the same band. The long tail's tokens/s compares
+def by_active_requests_table(bands: list[dict]) -> list[str]:
+    """Markdown lines from ``speed_by_active_requests_vs_off``'s rows: every mode's engine steps pooled over its
+    rollouts by active requests (recipe.dapo.timeline bands), tokens/s per active request and over spec off's in the
+    same band. The long tail's tokens/s compares
     different requests when a drafter changes which ones are left at the end; a band compares equal batch sizes."""
-    from recipe.dapo.timeline import ACTIVE_BANDS, band_label, speed_by_active_requests_vs_off
+    from recipe.dapo.timeline import ACTIVE_BANDS, band_label
 
     labels = [band_label(lo, hi) for lo, hi in ACTIVE_BANDS]
     cells: dict[str, list[str]] = {}
-    for band in speed_by_active_requests_vs_off(timelines):
+    for band in bands:
         speed, vs_off = band["request_tok_s"], band["request_tok_s_vs_off"]
         cell = (
             "-"
@@ -193,13 +194,12 @@ def by_active_requests_table(timelines: dict[str, list]) -> list[str]:
     ]
 
 
-def band_columns(timelines: dict[str, list]) -> dict[str, dict[str, float]]:
+def band_columns(bands: list[dict]) -> dict[str, dict[str, float]]:
     """Per mode, ``tok_s_active_<lo>_<hi>``: tokens/s per active request in each band of active requests (the same
     bands, recipe.dapo.timeline.ACTIVE_BANDS, for every mode; NaN for a band without steps)."""
-    from recipe.dapo.timeline import ACTIVE_BANDS, speed_by_active_requests_vs_off
+    from recipe.dapo.timeline import ACTIVE_BANDS
 
     out: dict[str, dict[str, float]] = {}
-    bands = speed_by_active_requests_vs_off(timelines)
     for i, band in enumerate(bands):
         lo, hi = ACTIVE_BANDS[i % len(ACTIVE_BANDS)]
         name = f"tok_s_active_{lo}_{'inf' if hi >= 1 << 30 else hi}"
@@ -317,10 +317,10 @@ def main() -> None:
                 / max(float(np.nansum([s["tokens"] for s in summaries])), 1.0),
             }
         )
-    bands = band_columns(timelines)
-    equal_work = equal_work_vs_off(speed_by_active_requests_vs_off(timelines))
+    bands = speed_by_active_requests_vs_off(timelines)  # every mode's steps pooled by active requests, once
+    columns, equal_work = band_columns(bands), equal_work_vs_off(bands)
     for row in rows:
-        row.update(bands[row["mode"]])
+        row.update(columns[row["mode"]])
         row["equal_work_vs_off"] = equal_work.get(row["mode"], math.nan)
     for engine in engines.values():
         engine.close()
@@ -364,7 +364,7 @@ def main() -> None:
             f"{r['tail_tokens_per_request_step']:.2f} | {r['tail_time_share']:.2f} | "
             f"{r['draft_tokens_per_token']:.2f} | {r['acceptance']:.2f} |"
         )
-    lines += by_active_requests_table(timelines)
+    lines += by_active_requests_table(bands)
     (out / "rollout_e2e.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
