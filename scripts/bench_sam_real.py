@@ -74,7 +74,7 @@ def corpus(prompt: np.ndarray, responses: list[np.ndarray], first_separator: int
 
 def ingest_rate(texts: list[np.ndarray], repeats: int, count: bool) -> tuple[float, float]:
     """Tokens/s building one automaton per text (counted as group corpora are, if ``count``), and bytes per token."""
-    from sam import SuffixAutomaton
+    from sam.automaton import SuffixAutomaton
 
     total = sum(t.size for t in texts)
     rates, nbytes = [], 0
@@ -191,7 +191,7 @@ def teacher_forced_sweep(groups: list[tuple[np.ndarray, list[np.ndarray]]]) -> d
 def main() -> None:
     from bench_sam import stdlib_tokens
 
-    from sam import SuffixAutomaton
+    from sam.automaton import SuffixAutomaton
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m-instruct")

@@ -20,6 +20,23 @@ def sft_config(**overrides):
     return cfg
 
 
+USER_RUNS = REPO_ROOT / "runs"  # configs/dapo.yaml's trainer.default_local_dir and the A/B's runs live here
+
+
+def _listing(root: Path) -> dict[str, int]:
+    return {str(p): p.stat().st_mtime_ns for p in root.rglob("*")} if root.is_dir() else {}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def users_runs_are_left_alone():
+    """No test writes the user's runs/: ``make demo`` fills it before ``make test`` on a new clone, and a test that
+    used the default run directory resumed from the demo's checkpoint there."""
+    before = _listing(USER_RUNS)
+    yield
+    changed = sorted(set(_listing(USER_RUNS).items()) ^ set(before.items()))
+    assert not changed, f"tests wrote the user's {USER_RUNS}: {changed[:10]}"
+
+
 @pytest.fixture(scope="session")
 def harness_model() -> Path:
     """A briefly trained base model: knows the trace format, still uncertain (useful entropy for the

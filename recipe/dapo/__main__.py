@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import warnings
 from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from recipe.dapo.config import resolve_device, validate, verl_config
+from recipe.dapo.config import ConfigError, resolve_device, validate, verl_config
 from recipe.dapo.report import run_summary
+from recipe.engine import UnsupportedVLLMError, check_vllm_version
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 
@@ -26,6 +28,12 @@ def resolve_inputs(cfg: DictConfig) -> tuple[str, str, str]:
     prompts (``recipe.rl_prompts``) fill the gaps. A dry run names where they will be and builds nothing."""
     model = cfg.actor_rollout_ref.model.path
     train, val = cfg.data.train_files, cfg.data.val_files
+    if not cfg.recipe.dry_run:
+        from recipe.data.loader import check_data_file
+
+        for key, path in (("data.train_files", train), ("data.val_files", val)):
+            if path is not None:
+                check_data_file(path, key)
     if model is not None:
         # a built-in real model, a .gguf file or a HF directory: one checked HF checkpoint (recipe/models.py), before
         # any engine starts; any model but the embedded one (a real model, or one grafted from it) defaults to the word
@@ -65,8 +73,6 @@ def require_local_trainable(model: str) -> None:
     architecture is named at start, before any engine, with the backend that trains it."""
     import json
 
-    from recipe.dapo.config import ConfigError
-
     architectures = json.loads(Path(model, "config.json").read_text()).get("architectures") or []
     if architectures != ["MiMoForCausalLM"]:
         raise ConfigError(
@@ -80,8 +86,6 @@ def require_mtp_layer(model: str) -> None:
     to graft one (mtp/graft.py), instead of failing inside vLLM's engine start."""
     import json
 
-    from recipe.dapo.config import ConfigError
-
     config = Path(model, "config.json")
     if config.is_file() and not json.loads(config.read_text()).get("num_nextn_predict_layers"):
         raise ConfigError(
@@ -94,6 +98,7 @@ def require_mtp_layer(model: str) -> None:
 def run(cfg: DictConfig) -> list[dict] | DictConfig:
     """Train on the chosen backend: the local history of metrics, or (backend=verl) veRL's config."""
     validate(cfg)
+    check_vllm_version()
     model, train, val = resolve_inputs(cfg)
     if cfg.backend == "local":
         require_local_trainable(model)
@@ -113,6 +118,25 @@ def run(cfg: DictConfig) -> list[dict] | DictConfig:
         trainer.engine.close()
 
 
+def input_errors() -> tuple[type[Exception], ...]:
+    """What a bad input raises before any work starts: the console gets its one line (key or file, and what is
+    wanted) and exit code 2; ``HYDRA_FULL_ERROR=1`` shows the traceback as Hydra does."""
+    from recipe.dapo.verl_backend import BackendUnavailableError
+    from recipe.data.loader import DataFileError
+    from recipe.models import ModelError
+    from recipe.verl_cpu import UnsupportedVersionError
+
+    return (
+        ConfigError,
+        DataFileError,
+        FileNotFoundError,
+        ModelError,
+        UnsupportedVLLMError,
+        UnsupportedVersionError,
+        BackendUnavailableError,
+    )
+
+
 @hydra.main(config_path=str(CONFIG_DIR), config_name="dapo", version_base=None)
 def main(cfg: DictConfig) -> None:
     # the console carries progress, one line per step, warnings and the run's summary; every metric is in the
@@ -124,7 +148,13 @@ def main(cfg: DictConfig) -> None:
         logging.getLogger(package).setLevel(logging.INFO)
     # veRL lists every optional training engine it could not import (torchtitan, megatron, ...) at each start
     warnings.filterwarnings("ignore", message=r".* engine is not available", category=UserWarning)
-    history = run(cfg)
+    try:
+        history = run(cfg)
+    except input_errors() as err:
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
     if isinstance(history, list):
         print(run_summary(history, Path(cfg.trainer.default_local_dir).resolve()), flush=True)
 

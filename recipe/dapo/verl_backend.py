@@ -43,7 +43,7 @@ from recipe.dapo.report import (
     write_history,
 )
 from recipe.dapo.server_timeline import TIMELINE_DIR_ENV, rollout_metrics_by_step
-from recipe.dapo.step_marks import marks_env
+from recipe.dapo.step_marks import STEP_MARKS_ENV, marks_env
 from recipe.verl_cpu import PLATFORM_ENV, PLATFORM_NAME
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -105,9 +105,21 @@ def weight_bucket_megabytes(model_path: str, floor: int = 64) -> int:
     return floor * -(-largest // (floor << 20))
 
 
+def joins_ray_cluster() -> bool:
+    """Whether the job joins a running Ray cluster (``RAY_ADDRESS``, which the sbatch scripts' ``ray_cluster_up``
+    exports) instead of starting one of its own."""
+    return bool(os.environ.get("RAY_ADDRESS"))
+
+
 def cpu_overrides(cfg: DictConfig, model_path: str) -> dict[str, object]:
     """What veRL's trainer needs on a machine without accelerators (each setting checked necessary there)."""
     replicas = world_size(cfg)
+    own_ray = {
+        # veRL schedules on Ray's "GPU" resource: the CPU node declares one logical GPU per replica
+        "+ray_kwargs.ray_init.num_gpus": replicas,
+        # each replica's placement-group bundle takes 3 CPUs (veRL's max_colocate_count); 2 for the driver-side actors
+        "ray_kwargs.ray_init.num_cpus": 2 + 3 * replicas,
+    }
     return {
         "actor_rollout_ref.model.use_remove_padding": False,  # the packed path needs flash-attn
         "+actor_rollout_ref.model.override_config.attn_implementation": "sdpa",
@@ -120,10 +132,8 @@ def cpu_overrides(cfg: DictConfig, model_path: str) -> dict[str, object]:
         ),
         "reward.num_workers": 1,
         "transfer_queue.backend.SimpleStorage.num_data_storage_units": 1,
-        # veRL schedules on Ray's "GPU" resource: the CPU node declares one logical GPU per replica
-        "+ray_kwargs.ray_init.num_gpus": replicas,
-        # each replica's placement-group bundle takes 3 CPUs (veRL's max_colocate_count); 2 for the driver-side actors
-        "ray_kwargs.ray_init.num_cpus": 2 + 3 * replicas,
+        # a running cluster declared its resources at `ray start` (Ray refuses them from a client)
+        **({} if joins_ray_cluster() else own_ray),
     }
 
 
@@ -179,6 +189,15 @@ def launch_env(device: str, out_dir: Path) -> dict[str, str]:
     env[TIMELINE_DIR_ENV] = str(out_dir / "server_timeline")
     env.update(marks_env(out_dir, resumed_from=start))
     return env
+
+
+def worker_env_overrides(env: dict[str, str]) -> dict[str, object]:
+    """On a running Ray cluster the job's workers are children of its raylets, not of the launcher, and do not
+    inherit what :func:`launch_env` set (the CPU platform, the file logger's path and step marks, the servers'
+    timeline directory) nor the job's id that :func:`cleanup_job` finds them by: Ray's ``runtime_env`` carries them
+    to every worker of the job."""
+    keys = (PLATFORM_ENV, "VERL_FILE_LOGGER_PATH", TIMELINE_DIR_ENV, STEP_MARKS_ENV, JOB_ENV)
+    return {"+ray_kwargs.ray_init.runtime_env.env_vars": {k: env[k] for k in keys if k in env}}
 
 
 def collect_metrics(out_dir: Path, tail_threshold: int) -> list[dict]:
@@ -278,6 +297,10 @@ def run_verl(cfg: DictConfig, verl_cfg: DictConfig) -> DictConfig | list[dict]:
         if verl_cfg.trainer.resume_mode == "auto":
             rewind_to_logged_checkpoint(out_dir)
     verl_cfg = job_config(cfg, verl_cfg)
+    env = launch_env(device, out_dir)
+    if joins_ray_cluster():
+        env.setdefault(JOB_ENV, f"{os.getpid()}-{time.time_ns()}")
+        apply_overrides(verl_cfg, worker_env_overrides(env))
     config_file = out_dir / "verl_config.yaml"
     config_file.write_text(OmegaConf.to_yaml(verl_cfg))
     command = launch_command(config_file)
@@ -295,7 +318,7 @@ def run_verl(cfg: DictConfig, verl_cfg: DictConfig) -> DictConfig | list[dict]:
         preflight_cpu(cfg)
     elif accelerators(device) == 0:
         raise BackendUnavailableError(f"trainer.device={device}: no {device} device is visible to this process")
-    code = run_job(command, launch_env(device, out_dir), job_file)
+    code = run_job(command, env, job_file)
     if code != 0:
         raise RuntimeError(f"veRL's trainer exited with code {code}; its command: {out_dir / 'verl_launch.sh'}")
     history = collect_metrics(out_dir, int(cfg.recipe.long_tail_threshold))

@@ -33,6 +33,17 @@ class DatasetFormatWarning(UserWarning):
     """Rows of a data file were skipped as malformed."""
 
 
+class DataFileError(ValueError):
+    """A data file the recipe cannot read; the message names the file and what it needs."""
+
+
+REQUIRED_COLUMNS = ("prompt", "reward_model")  # data_source and extra_info are optional
+SCHEMA = (
+    "DAPO-Math-17k's schema: prompt (a list of {role, content} messages), reward_model ({ground_truth: str}), "
+    "optionally data_source (str) and extra_info"
+)
+
+
 def _parse_row(i: int, row: dict) -> tuple[Problem | None, str | None]:
     prompt = row.get("prompt")
     if prompt is None or len(prompt) == 0:
@@ -58,11 +69,27 @@ def _parse_row(i: int, row: dict) -> tuple[Problem | None, str | None]:
     )
 
 
+def check_data_file(path: str | Path, key: str = "data file") -> None:
+    """Name a missing file, one that is not parquet, or one without the schema's columns, from its footer alone (before
+    any model is built or engine started)."""
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{key}: {path} does not exist")
+    try:
+        columns = pq.read_schema(path).names
+    except Exception as err:  # pyarrow's own error says what is wrong with the bytes, not which file
+        raise DataFileError(f"{key}: {path} is not a readable parquet file ({type(err).__name__}: {err})") from err
+    missing = [c for c in REQUIRED_COLUMNS if c not in columns]
+    if missing:
+        raise DataFileError(f"{key}: {path} has no column {', '.join(missing)} (it has {columns}); it needs {SCHEMA}")
+
+
 def load_problems(path: str | Path, max_rows: int | None = None) -> list[Problem]:
     """Problems from one parquet file; malformed rows are skipped and counted in a warning."""
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"data file {path} does not exist")
+    check_data_file(path)
     ds = datasets.load_dataset("parquet", data_files=str(path), split="train")
     problems: list[Problem] = []
     skipped: Counter[str] = Counter()
@@ -80,5 +107,5 @@ def load_problems(path: str | Path, max_rows: int | None = None) -> list[Problem
             f"{path}: skipped {sum(skipped.values())} of {len(ds)} rows ({detail})", DatasetFormatWarning, stacklevel=2
         )
     if not problems:
-        raise ValueError(f"data file {path} has no usable rows")
+        raise DataFileError(f"data file {path} has no usable rows ({dict(skipped)}); it needs {SCHEMA}")
     return problems

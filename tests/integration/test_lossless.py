@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 from lossless_harness import Setting, compare, sample_hf, sample_vllm
 
+pytestmark = pytest.mark.vllm_side
+
 ALPHA = 1e-3  # per comparison; the biased samplers below are rejected at p far below this
 N = 1500
 MAX_TOKENS = 48

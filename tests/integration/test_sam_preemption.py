@@ -9,6 +9,8 @@ import pytest
 
 from recipe.engine import EngineOptions, make_llm, speculative_config
 
+pytestmark = pytest.mark.vllm_side
+
 PROMPTS = 4
 SAMPLES = 4
 MAX_TOKENS = 96

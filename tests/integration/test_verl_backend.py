@@ -40,8 +40,15 @@ def inputs(harness_model) -> list[str]:
 
 
 def composed(*overrides: str):
-    """The recipe config and the config veRL's job would run."""
+    """The recipe config and the config veRL's job would run, in a fresh run directory given relative (as a user
+    would; the job makes it absolute): never the default runs/..., where a demo's checkpoint makes the job resume
+    and turn ``trainer.val_before_train`` off."""
+    import tempfile
+
     from recipe.dapo.__main__ import resolve_inputs
+
+    if not any(o.startswith("trainer.default_local_dir=") for o in overrides):
+        overrides = (*overrides, f"trainer.default_local_dir={os.path.relpath(tempfile.mkdtemp(prefix='run-'))}")
     from recipe.dapo.config import resolve_device, verl_config
     from recipe.dapo.verl_backend import job_config
 

@@ -8,6 +8,8 @@ from lossless_harness import GREEDY_PROMPTS, prompt_ids
 from mtp.checkpoint import load_checkpoint
 from recipe.engine import EngineOptions, SpecCounters, make_llm, spec_counters, speculative_config
 
+pytestmark = pytest.mark.vllm_side
+
 
 @pytest.fixture(scope="module")
 def fp32_engine(harness_model):

@@ -5,8 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sam import SuffixAutomaton
-from sam.automaton import Matcher
+from sam.automaton import Matcher, SuffixAutomaton
 
 
 def oracle_match_length(text: list[int]) -> int:

@@ -8,8 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from sam import SuffixAutomaton
-from sam.automaton import AutomatonPool
+from sam.automaton import AutomatonPool, SuffixAutomaton
 from sam.policy import BatchDrafter, GroupStore, ResponseCorpus, SAMOptions
 from sam.vllm import SAMProposer
 
@@ -143,6 +142,7 @@ def test_batch_size_gate_turns_drafting_on_in_the_tail():
     assert saw_gated and saw_drafts and proposer.gated_steps > 0
 
 
+@pytest.mark.vllm_side  # vLLM's own lookup builder expands the schedule
 def test_k_follows_vllms_batch_size_schedule():
     """vLLM's ``num_speculative_tokens_per_batch_size`` caps SAM's drafts by the live batch, as vLLM's scheduler
     caps its own proposers' (it does not pass the schedule to a custom_class proposer)."""

@@ -69,6 +69,20 @@ def test_missing_data_file_is_named(tmp_path):
         load_problems(tmp_path / "nope.parquet")
 
 
+def test_a_file_that_is_not_parquet_or_lacks_the_schemas_columns_is_named_with_what_it_needs(tmp_path):
+    from recipe.data.loader import DataFileError, check_data_file
+
+    corrupt = tmp_path / "corrupt.parquet"
+    corrupt.write_bytes(b"not a parquet file")
+    with pytest.raises(DataFileError, match=r"data.val_files: .*corrupt.parquet is not a readable parquet file"):
+        check_data_file(corrupt, "data.val_files")
+    other = tmp_path / "gsm8k.parquet"
+    pd.DataFrame({"question": ["1+1?"], "answer": ["2"]}).to_parquet(other)
+    with pytest.raises(DataFileError, match=r"gsm8k.parquet has no column prompt, reward_model .*'question'") as err:
+        load_problems(other)
+    assert "DAPO-Math-17k's schema" in str(err.value)
+
+
 def test_tokenizer_round_trips_and_loads_with_autotokenizer(tmp_path):
     from transformers import AutoTokenizer
 

