@@ -52,6 +52,19 @@ class EvalResult:
         }
 
 
+def by_data_source(result: EvalResult) -> dict[str, tuple[float, float]]:
+    """Accuracy and mean response length per data source of a mixed held-out set (veRL's ``val-core/<source>/...``
+    keys: one file can hold several sources)."""
+    out = {}
+    sources = np.array([s["data_source"] for s in result.samples])
+    acc = np.array([s["acc"] for s in result.samples], dtype=float)
+    lengths = np.asarray(result.response_lengths, dtype=float)
+    for source in sorted(set(sources.tolist())):
+        mine = sources == source
+        out[source] = (float(acc[mine].mean()), float(lengths[mine].mean()))
+    return out
+
+
 def evaluate(
     llm, problems: list[Problem], n: int, temperature: float, max_tokens: int, top_p: float = 1.0
 ) -> EvalResult:
@@ -77,7 +90,7 @@ def evaluate(
             lengths.append(len(comp.token_ids))
             samples.append(
                 {"input": out.prompt, "output": comp.text, "gts": problem.ground_truth, "score": float(scored["score"]),
-                 "acc": bool(scored["acc"]), "pred": scored["pred"]}
+                 "acc": bool(scored["acc"]), "pred": scored["pred"], "data_source": problem.data_source}
             )  # fmt: skip
     return EvalResult(
         pass_at_1=float(np.mean([s["acc"] for s in samples])),

@@ -42,6 +42,7 @@ from recipe.dapo.report import (
 from recipe.dapo.rollout import Rollout, RolloutEngine
 from recipe.dapo.timeline import step_rollout_metrics, timed, timeline_path
 from recipe.engine import EngineOptions, spec_from_config
+from recipe.evaluate import by_data_source
 
 logger = logging.getLogger(__name__)
 
@@ -260,7 +261,6 @@ class DAPOTrainer:
         sample goes to ``trainer.validation_data_dir`` in veRL's format, the greedy ones under ``greedy/``."""
         max_tokens = self.cfg.data.max_response_length
         vk = self.cfg.actor_rollout_ref.rollout.val_kwargs
-        source = self.val_problems[0].data_source
         # (accuracy metric, length metric, dump sub-folder, samples per problem, temperature, top_p)
         passes = [(f"mean@{vk.n}", "mean", "", int(vk.n), float(vk.temperature) if vk.do_sample else 0.0, vk.top_p)]
         if vk.do_sample:
@@ -268,8 +268,9 @@ class DAPOTrainer:
         metrics = {}
         for acc_name, length_name, subdir, n, temperature, top_p in passes:
             res = self.engine.evaluate(self.val_problems, n, temperature, float(top_p), max_tokens)
-            metrics[f"val-core/{source}/acc/{acc_name}"] = res.pass_at_1
-            metrics[f"val-aux/{source}/response_length/{length_name}"] = res.mean_response_tokens
+            for source, (accuracy, length) in by_data_source(res).items():
+                metrics[f"val-core/{source}/acc/{acc_name}"] = accuracy
+                metrics[f"val-aux/{source}/response_length/{length_name}"] = length
             self._dump_validation(res.samples, subdir)
         if self.probe_problems:
             ro, n = self.cfg.actor_rollout_ref.rollout, int(self.options.train_probe.n)
