@@ -89,7 +89,9 @@ def test_each_verl_patch_works_and_is_still_needed(patch, code, works, fails_wit
 
 def test_keep_linear_weights_patch_leaves_vllm_weights_to_sync_into(harness_model):
     """In a vLLM engine (its plugins loaded as in a veRL server's engine core), linear layers keep a parameter
-    with the model's weights; vLLM CPU drops it otherwise, and veRL's weight sync has nothing to load into."""
+    with the model's weights; vLLM CPU drops it otherwise, and veRL's weight sync has nothing to load into.
+    In float32, the rollout dtype of a veRL CPU run: vLLM drops the weight wherever oneDNN builds the matmul, which
+    it does for float32 on any x86 CPU (in bf16 an AVX2-only CPU falls back to torch's linear and keeps it anyway)."""
     code = f"""
         import os
         os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="1", VLLM_ALLOW_INSECURE_SERIALIZATION="1")
@@ -100,7 +102,7 @@ def test_keep_linear_weights_patch_leaves_vllm_weights_to_sync_into(harness_mode
             return [tuple(p.shape) for n, p in m.named_parameters() if n.endswith("qkv_proj.weight")]
 
         if __name__ == "__main__":
-            llm = make_llm("{harness_model}", options=EngineOptions(max_model_len=256, max_num_seqs=4))
+            llm = make_llm("{harness_model}", options=EngineOptions(max_model_len=256, max_num_seqs=4, dtype="float32"))
             print("qkv", llm.collective_rpc(sizes)[0])
             llm.llm_engine.engine_core.shutdown()
     """
