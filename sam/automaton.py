@@ -1,4 +1,5 @@
-"""Online suffix automaton over token ids, compiled with numba over flat arrays, at about 50 bytes per token.
+"""Online suffix automaton over token ids, compiled with numba over flat arrays, under 64 bytes per token (measured:
+results/sam/README.md, results/real/sam_ingest.md).
 
 A suffix automaton over n tokens has n + 1 *prefix states* (prefix state i's longest string is the text's first
 i tokens) and fewer than n *clones* (made when a state splits). Most of what a prefix state holds follows from
@@ -13,8 +14,8 @@ its id, so only the rest is stored:
   edges in five are implicit or inline, so most transitions touch no hash at all.
 
 Measured on 1M bytes of the Python standard library (scripts/bench_sam.py): 1.6 states, 0.6 clones and 0.4
-hashed edges per token, 47 bytes per token of text with the growth slack (54 tracking latest occurrences, as a
-request's own text does; the first layout: 206).
+hashed edges per token; bytes per token with the growth slack, and more when tracking latest occurrences as a
+request's own text does, are in results/sam/bench_sam.json (the first layout took 206).
 
 The match state ``(match_state, match_len)`` is the longest suffix of the text that also ends at an earlier
 position: the suffix link of the newest prefix state, which the construction finds anyway. So a match is never

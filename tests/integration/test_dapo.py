@@ -36,6 +36,9 @@ def run_args(model: Path, out: Path, steps: int, *extra: str) -> list[str]:
         "actor_rollout_ref.rollout.n=4", "data.max_response_length=256", "reward.reward_kwargs.overlong_buffer_cfg.len=64",
         "data.val_max_samples=8", "trainer.test_freq=0", "trainer.save_freq=1", "recipe.progress_bar=false",
         "trainer.val_before_train=false", "recipe.train_probe.prompts=4", "recipe.train_probe.n=2",
+        # rounds until 2 groups with reward variance are kept: the harness model is right on a few percent of its
+        # samples, and 4 rounds of 12 sometimes kept none (then step 1 has no update and logs no actor metrics)
+        "algorithm.filter_groups.max_num_gen_batches=0",
         *extra,
     ]  # fmt: skip
 
