@@ -48,9 +48,20 @@ NodeName=n2 NodeHostname=$host NodeAddr=127.0.0.2 Port=$((ports + 2)) CPUs=$cpus
 PartitionName=local Nodes=n1,n2 Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE
 EOF
   mkdir -p "$dir/spool/n1" "$dir/spool/n2"
-  if ! pgrep -x munged >/dev/null; then
+  if ! munge -n >/dev/null 2>&1; then # no munged answering: start one (stopped by `down`)
     mkdir -p /run/munge && chown munge:munge /run/munge
-    runuser -u munge -- /usr/sbin/munged
+    local tries=0
+    until munge -n >/dev/null 2>&1; do
+      if ((tries % 10 == 0)); then
+        runuser -u munge -- /usr/sbin/munged --force 2>/dev/null || true
+      fi
+      if ((++tries > 30)); then
+        echo "slurm: munged did not start" >&2
+        return 1
+      fi
+      sleep 1
+    done
+    pgrep -x munged >"$dir/munged.pid"
   fi
   SLURM_CONF=$conf slurmctld -i
   SLURM_CONF=$conf slurmd -N n1
@@ -72,13 +83,13 @@ down() {
   [[ -f $conf ]] || return 0
   SLURM_CONF=$conf scancel --full --quiet --partition=local 2>/dev/null || true
   local pid_file
-  for pid_file in "$dir"/slurmd-*.pid "$dir"/slurmctld.pid; do
+  for pid_file in "$dir"/slurmd-*.pid "$dir"/slurmctld.pid "$dir"/munged.pid; do
     if [[ -f $pid_file ]]; then
-      kill "$(cat "$pid_file")" 2>/dev/null || true
+      xargs -r kill <"$pid_file" 2>/dev/null || true
     fi
   done
   sleep 2
-  rm -rf "$dir/state" "$dir/spool"
+  rm -rf "$dir/state" "$dir/spool" "$dir/munged.pid"
 }
 
 "$cmd"
