@@ -52,8 +52,8 @@ def _job_processes(job: str) -> list[str]:
 def slurm(tmp_path_factory):
     """``SLURM_CONF`` of a running two-node cluster; the cluster is stopped and its state removed afterwards."""
     state = tmp_path_factory.mktemp("slurm")
-    subprocess.run(["bash", str(CLUSTER), "up", str(state)], check=True, timeout=120)
-    try:
+    try:  # a cluster that came up only in part is stopped too
+        subprocess.run(["bash", str(CLUSTER), "up", str(state)], check=True, timeout=120)
         yield {**os.environ, "SLURM_CONF": str(state / "slurm.conf")}
     finally:
         subprocess.run(["bash", str(CLUSTER), "down", str(state)], timeout=120)
