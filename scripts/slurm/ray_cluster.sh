@@ -53,12 +53,14 @@ ray_cluster_up() {
       ray start --address="$RAY_ADDRESS" --node-ip-address="$(node_ip "$node")" "$@" --block &
   done
   local deadline=$((SECONDS + ${RAY_WAIT_S:-600}))
-  until python - "${#nodes[@]}" <<'PY'
+  # the head's address, not "auto": that reads /tmp/ray's pointer to the last cluster started on this host, which can
+  # be another job's (or a dead one's)
+  until python - "${#nodes[@]}" "$RAY_ADDRESS" <<'PY'
 import sys
 
 import ray
 
-ray.init(address="auto", logging_level="ERROR")
+ray.init(address=sys.argv[2], logging_level="ERROR")
 alive = sum(1 for n in ray.nodes() if n["Alive"])
 print(f"ray: {alive}/{sys.argv[1]} nodes alive")
 sys.exit(0 if alive >= int(sys.argv[1]) else 1)
