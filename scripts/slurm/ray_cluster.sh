@@ -43,6 +43,9 @@ ray_cluster_up() {
   local head_ip
   head_ip=$(node_ip "$head")
   export RAY_ADDRESS="$head_ip:$port"
+  # one authentication mode for the head, the workers and every client (the launcher, veRL's driver): `ray start`
+  # turns token authentication on by default while a client without RAY_AUTH_MODE does not send the token
+  export RAY_AUTH_MODE=${RAY_AUTH_MODE:-disabled}
   echo "ray: head $head ($RAY_ADDRESS), ${#nodes[@]} node(s), $per_node accelerator(s) each"
   srun --nodes=1 --ntasks=1 --overlap -w "$head" \
     ray start --head --node-ip-address="$head_ip" --port="$port" "$@" --block &
