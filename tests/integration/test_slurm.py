@@ -8,7 +8,8 @@ Ray's head on n1 and a worker joining from n2 (ray_cluster.sh), veRL's trainer o
   directory, and the job leaves the queue.
 - A submission whose checkout path does not exist is named in the job's output before any Ray process starts.
 
-Needs Debian's slurmctld, slurmd, slurm-client and munge (``make slurm-deps``; .ci/run installs them).
+Needs Debian's slurmctld, slurmd, slurm-client and munge; ``make test-slurm`` installs them and runs it (opt-in, see
+results/verl/slurm.md).
 """
 
 from __future__ import annotations
