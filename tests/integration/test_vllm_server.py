@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from recipe.dapo.server_timeline import TIMELINE_DIR_ENV, load_rows
+from recipe.dapo.verl_backend import _shm_entries
 from recipe.engine import speculative_config
 
 pytestmark = pytest.mark.vllm_side
@@ -50,10 +51,6 @@ def _post(url: str, body: dict) -> dict:
         raise AssertionError(f"{url} answered {err.code}: {err.read().decode()[:2000]}") from err
 
 
-def _shm() -> set[str]:
-    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
-
-
 @pytest.fixture(scope="module")
 def server(harness_model, tmp_path_factory):
     """A vLLM API server over the harness model drafting with SAM (every draft its match rules give), its timeline
@@ -73,7 +70,7 @@ def server(harness_model, tmp_path_factory):
         "--additional-config", json.dumps({"sam": sam_options}),
     ]  # fmt: skip
     env = {**os.environ, TIMELINE_DIR_ENV: str(timeline_dir), "VLLM_CPU_KVCACHE_SPACE": "1"}
-    shm_before = _shm()
+    shm_before = _shm_entries()
     with log_path.open("w") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
@@ -96,7 +93,7 @@ def server(harness_model, tmp_path_factory):
         except ProcessLookupError:
             pass
         proc.wait()
-        for name in _shm() - shm_before:
+        for name in _shm_entries() - shm_before:
             Path("/dev/shm", name).unlink(missing_ok=True)
 
 
