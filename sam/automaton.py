@@ -39,6 +39,7 @@ than the drafting).
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numba as nb
 import numpy as np
@@ -480,17 +481,32 @@ def _draft_slot(pf_l, cl_l, meta_l, slot, state, mlen, k, min_match, out) -> int
     return _draft(pf_l[slot], cl_l[slot], meta_l[slot][TEXT_LEN], state, mlen, k, min_match, out)
 
 
+class DraftRules(NamedTuple):
+    """The drafting options :func:`step_rows` reads, by name (a swapped pair of floats cannot pass unnoticed as it
+    could positionally); :meth:`sam.policy.SAMOptions.rules` builds it. Meanings: ``SAMOptions``."""
+
+    min_match: int
+    tokens_per_match: float
+    own_bonus: int
+    resync_tokens: int
+    count_prior: float
+    prior_decay: float
+    min_token_prob: float
+    own_latest: bool
+
+
 @nb.njit(cache=True)
-def step_rows(
-    pf_l, cl_l, table_l, meta_l, stats_l,
-    own, tok_flat, tok_off, ks, src_slot, src_state, src_len, src_seen,
-    min_match, tokens_per_match, own_bonus, resync, count_prior, prior_decay, min_token_prob, own_latest, out, out_n,
-    out_group, out_mlen,
-) -> None:  # fmt: skip
+def step_rows(pool, rows, matchers, rules, outs) -> None:
     """One decode step for every row: append row ``r``'s verified tokens to automaton ``own[r]``, advance its
-    matchers into the group corpora ``src_slot[own[r]]`` (re-matching its last ``resync`` tokens when a corpus
-    grew), and draft up to ``ks[r]`` tokens for it into ``out[r]`` from the source with the longest match (the
-    request's own text wins ties and gets ``own_bonus`` extra match length).
+    matchers into the group corpora ``src_slot[own[r]]`` (re-matching its last ``rules.resync_tokens`` tokens when a
+    corpus grew), and draft up to ``ks[r]`` tokens for it into ``out[r]`` from the source with the longest match
+    (the request's own text wins ties and gets ``rules.own_bonus`` extra match length).
+
+    Arguments come in groups, each unpacked by name below: ``pool`` is :attr:`AutomatonPool.all_lists`,
+    ``rows`` ``(own, tok_flat, tok_off, ks)`` (row ``r``'s automaton slot, its new tokens
+    ``tok_flat[tok_off[r]:tok_off[r + 1]]``, its draft budget), ``matchers`` the per-slot state of the group matchers
+    ``(src_slot, src_state, src_len, src_seen)``, ``rules`` a :class:`DraftRules`, ``outs`` the output buffers
+    ``(out, out_n, out_group, out_mlen)``.
 
     From a counted corpus (:func:`_count`) the draft follows the most frequent continuation while its estimated
     chance (``count_prior`` shrunk by the match length with ``prior_decay``) stays at least ``min_token_prob``
@@ -500,6 +516,13 @@ def step_rows(
     ``out_group[r]`` says whether the draft came from group material and ``out_mlen[r]`` is its match length (what
     the drafting payoff rule, :mod:`sam.payoff`, estimates acceptance by).
     """
+    pf_l, cl_l, table_l, meta_l, stats_l = pool
+    own, tok_flat, tok_off, ks = rows
+    src_slot, src_state, src_len, src_seen = matchers
+    out, out_n, out_group, out_mlen = outs
+    min_match, tokens_per_match, own_bonus = rules.min_match, rules.tokens_per_match, rules.own_bonus
+    resync, own_latest = rules.resync_tokens, rules.own_latest
+    count_prior, prior_decay, min_token_prob = rules.count_prior, rules.prior_decay, rules.min_token_prob
     for r in range(own.shape[0]):
         out_n[r] = 0
         out_group[r] = 0
@@ -589,24 +612,25 @@ class AutomatonPool:
         )
         if self._free:
             slot = self._free.pop()
-            for lst, a in zip(self._all, arrays, strict=True):
+            for lst, a in zip(self.all_lists, arrays, strict=True):
                 lst[slot] = a
         else:
             slot = self._size
             self._size += 1
-            for lst, a in zip(self._all, arrays, strict=True):
+            for lst, a in zip(self.all_lists, arrays, strict=True):
                 lst.append(a)
         return slot
 
     @property
-    def _all(self) -> tuple:
+    def all_lists(self) -> tuple:
+        """Every array of every slot, in :func:`step_rows`'s order: prefix, clones, hash table, meta, stats."""
         return (*self.lists, self.stats)
 
     def release(self, slot: int) -> None:
         """Drop the slot's arrays (memory is freed) and recycle the slot."""
         empty_rows = np.empty((0, 6), dtype=np.int32)
         for lst, a in zip(
-            self._all,
+            self.all_lists,
             (
                 empty_rows[:, :3].copy(),
                 empty_rows,
@@ -620,7 +644,7 @@ class AutomatonPool:
         self._free.append(slot)
 
     def nbytes(self, slot: int) -> int:
-        return sum(lst[slot].nbytes for lst in self._all)
+        return sum(lst[slot].nbytes for lst in self.all_lists)
 
 
 class SuffixAutomaton:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from sam.automaton import BYTES_PER_TOKEN, AutomatonPool, SuffixAutomaton, step_rows
+from sam.automaton import BYTES_PER_TOKEN, AutomatonPool, DraftRules, SuffixAutomaton, step_rows
 
 
 @dataclass
@@ -64,6 +64,19 @@ class SAMOptions:
     payoff_cost: list[float] | None = None  # the step cost [a, b, c, e, f] in seconds (sam/payoff.py) instead of
     # learning it from the engine's step times: drafting then depends on the tokens alone, so a seeded run samples
     # the same tokens on every run (None: learned, which follows the machine but not token for token)
+
+    def rules(self) -> DraftRules:
+        """The options the compiled step (:func:`sam.automaton.step_rows`) reads, typed as it reads them."""
+        return DraftRules(
+            min_match=int(self.min_match),
+            tokens_per_match=float(self.tokens_per_match),
+            own_bonus=int(self.own_bonus),
+            resync_tokens=int(self.resync_tokens),
+            count_prior=float(self.count_prior),
+            prior_decay=float(self.prior_decay),
+            min_token_prob=float(self.min_token_prob),
+            own_latest=bool(self.own_latest),
+        )
 
     @classmethod
     def from_dict(cls, d: dict | None) -> SAMOptions:
@@ -251,6 +264,7 @@ class BatchDrafter:
 
     def __init__(self, options: SAMOptions, k: int):
         self.options = options
+        self._rules = options.rules()
         self.k = k
         self.pool = AutomatonPool()
         self.groups = GroupStore(options, self.pool)
@@ -325,13 +339,13 @@ class BatchDrafter:
         rows = slots.shape[0]
         if self._out.shape[0] < rows:
             self._alloc_out(rows)
-        opts = self.options
         step_rows(
-            *self.pool.lists, self.pool.stats, slots, tokens, offsets, ks, self.src_slot, self.src_state,
-            self.src_len, self.src_seen, opts.min_match, float(opts.tokens_per_match), opts.own_bonus,
-            opts.resync_tokens, float(opts.count_prior), float(opts.prior_decay), float(opts.min_token_prob),
-            opts.own_latest, self._out, self._out_n, self._out_group, self._out_mlen,
-        )  # fmt: skip
+            self.pool.all_lists,
+            (slots, tokens, offsets, ks),
+            (self.src_slot, self.src_state, self.src_len, self.src_seen),
+            self._rules,
+            (self._out, self._out_n, self._out_group, self._out_mlen),
+        )
         return self._out[:rows], self._out_n[:rows], self._out_group[:rows], self._out_mlen[:rows]
 
 

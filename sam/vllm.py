@@ -16,13 +16,13 @@ The whole step (extend, group matchers, drafts) runs in one compiled call (:clas
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from itertools import chain
 
 import numpy as np
 
+from sam.keys import prompt_key
 from sam.payoff import (
     EXPLORE_CHANCE,
     EXPLORE_EVERY,
@@ -143,7 +143,7 @@ class SAMProposer:
         for r in new:
             if sampled_token_ids[r]:
                 prompt = np.asarray(token_ids_cpu[r, : int(before[r])], dtype=np.int32)
-                slots[r] = self.drafter.start(prompt, hashlib.blake2b(prompt.tobytes(), digest_size=16).digest())
+                slots[r] = self.drafter.start(prompt, prompt_key(prompt))
                 slot_of[req_ids[r]] = int(slots[r])
         return slots, len(new)
 

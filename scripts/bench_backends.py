@@ -24,7 +24,7 @@ from pathlib import Path
 import pandas as pd
 import psutil
 
-from recipe.dapo.verl_backend import JOB_ENV, job_processes
+from recipe.dapo.job import JOB_ENV, job_processes
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "results" / "verl"

@@ -54,11 +54,11 @@ MUTATIONS = (
     ),
     Mutation(
         "sibling key collision: SAM groups requests by the first 4 prompt tokens",
-        "sam/vllm.py",
-        "hashlib.blake2b(prompt.tobytes(), digest_size=16)",
-        "hashlib.blake2b(prompt[:4].tobytes(), digest_size=16)",
+        "sam/keys.py",
+        "np.asarray(prompt_ids, dtype=np.int32).tobytes()",
+        "np.asarray(prompt_ids, dtype=np.int32)[:4].tobytes()",
         ("test_sam_automaton.py", "test_sam_proposer.py", "test_sam_preemption.py", "test_lossless.py",
-         "test_ab.py", "test_dapo.py", "test_vllm_engine.py", "test_verl_trainer.py"),
+         "test_ab.py", "test_dapo.py", "test_vllm_engine.py", "test_verl_trainer.py", "test_routing.py"),
     ),
     Mutation(
         "wrong metric name: the long-tail throughput is logged under another key",

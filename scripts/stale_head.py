@@ -55,7 +55,7 @@ def main() -> None:
     )
     # --earlier-default trains on the default base model's SFT train split; its test split is the default val_files
     command = [
-        ".venv/bin/python", "scripts/ab.py", "--name", "stale_head_s0", "--modes", "mtp_frozen,mtp_online", "--earlier-default",
+        ".venv/bin/python", "-m", "recipe.ab", "--name", "stale_head_s0", "--modes", "mtp_frozen,mtp_online", "--earlier-default",
         "recipe.progress_bar=false", f"actor_rollout_ref.model.path={out}", "trainer.total_training_steps=100", "data.seed=0",
     ]  # fmt: skip
     print(f"stale-head checkpoint: {out}\nA/B: {shlex.join(command)}")

@@ -17,26 +17,20 @@ acquire is appended to ``routing.jsonl`` there: ``{"t", "prompt", "server"}``.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from cachetools import LRUCache
 from verl.workers.rollout.router import DEFAULT_ROUTING_CACHE_SIZE, GlobalRequestLoadBalancer
 
 from recipe.dapo.server_timeline import TIMELINE_DIR_ENV
+from sam.keys import prompt_key
 
 ROUTING_LOG = "routing.jsonl"
 CONFIG_KEYS = {"router_class", "max_prompts", "max_cache_size"}  # configs/router/prompt_affinity.yaml
-
-
-def prompt_key(prompt_ids: list[int]) -> str:
-    """A prompt's identity for routing: its token ids, hashed."""
-    return hashlib.blake2b(np.asarray(prompt_ids, dtype=np.int64).tobytes(), digest_size=12).hexdigest()
 
 
 class PromptAffinityLoadBalancer(GlobalRequestLoadBalancer):
@@ -63,7 +57,7 @@ class PromptAffinityLoadBalancer(GlobalRequestLoadBalancer):
     def acquire_server(self, request_id: str, prompt_ids: list[int] | None = None, **extra) -> tuple[str, Any]:
         """The server of this request id if it has one (a later turn), else of its prompt, else the least
         loaded, which the prompt then keeps. The first and last are veRL's own sticky, least-loaded choice."""
-        key = prompt_key(prompt_ids) if prompt_ids is not None else None
+        key = prompt_key(prompt_ids).hex() if prompt_ids is not None else None
         prompt_server = self._prompt_to_server.get(key) if key is not None else None
         sticky = self._request_id_to_server.get(request_id)
         if sticky not in self._inflight_requests and prompt_server in self._inflight_requests:

@@ -27,19 +27,17 @@ from recipe.dapo.batch import RewardFunction, build_batch, kept_groups, select_g
 from recipe.dapo.data import PromptStream, load_prompts
 from recipe.dapo.drift import DriftProbe, load_or_sample_probe
 from recipe.dapo.policy import Actor
-from recipe.dapo.report import (
-    PROBE_PREFIX,
+from recipe.dapo.report import PROBE_PREFIX, plot_run, step_line
+from recipe.dapo.rollout import Rollout, RolloutEngine
+from recipe.dapo.run_dir import (
     TRACKING_PREFIX,
     checkpoint_dir,
     latest_step,
     merge_tracking,
-    plot_run,
     set_latest_step,
-    step_line,
     tracking_path,
     write_history,
 )
-from recipe.dapo.rollout import Rollout, RolloutEngine
 from recipe.dapo.timeline import step_rollout_metrics, timed, timeline_path
 from recipe.engine import EngineOptions, spec_from_config
 from recipe.evaluate import by_data_source

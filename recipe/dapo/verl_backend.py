@@ -11,22 +11,17 @@ meet in one server's SAM.
 
 ``recipe.dry_run=true`` prints the veRL config and the command of the Ray job, and writes both
 next to the run, without starting anything. A real start checks what the device needs first (on the CPU:
-versions, Ray, TransferQueue, memory), runs the job as a subprocess that it cleans up after on every exit,
-and collects the run's metrics and server timelines into the run directory (server_timeline.py).
+versions, Ray, TransferQueue, memory), runs the job as a subprocess that it cleans up after on every exit
+(job.py), and collects the run's metrics and server timelines into the run directory (server_timeline.py).
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 import os
 import shlex
-import shutil
-import signal
-import subprocess
 import sys
-import threading
 import time
 import warnings
 from pathlib import Path
@@ -34,14 +29,9 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from recipe.dapo.config import ConfigError, accelerators, apply_overrides
-from recipe.dapo.report import (
-    latest_step,
-    merge_tracking,
-    plot_run,
-    rewind_to_logged_checkpoint,
-    tracking_path,
-    write_history,
-)
+from recipe.dapo.job import JOB_ENV, end_stale_job, run_job
+from recipe.dapo.report import plot_run
+from recipe.dapo.run_dir import latest_step, merge_tracking, rewind_to_logged_checkpoint, tracking_path, write_history
 from recipe.dapo.server_timeline import TIMELINE_DIR_ENV, rollout_metrics_by_step
 from recipe.dapo.step_marks import STEP_MARKS_ENV, marks_env
 from recipe.verl_cpu import PLATFORM_ENV, PLATFORM_NAME
@@ -95,7 +85,6 @@ def world_size(cfg: DictConfig) -> int:
 def weight_bucket_megabytes(model_path: str, floor: int = 64) -> int:
     """The /dev/shm bucket (MiB, a multiple of ``floor``) veRL's weight sync needs on the CPU: it refuses any tensor
     larger than its bucket, and a real vocabulary's float32 embedding table is (SmolLM2: 49,152 x 576, 108 MiB)."""
-    import json
 
     config = Path(model_path, "config.json")
     if not config.is_file():  # a dry run names the embedded model before it is built
@@ -211,76 +200,6 @@ def collect_metrics(out_dir: Path, tail_threshold: int) -> list[dict]:
     history = [rows[s] for s in sorted(rows)]
     write_history(out_dir, history)
     return history
-
-
-JOB_ENV = "SPEC_ROLLOUT_JOB"  # marks every process of one job (Ray's daemons and workers inherit it)
-
-
-def _shm_entries() -> set[str]:
-    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
-
-
-def job_processes(job_id: str) -> list:
-    """Live processes of the job ``job_id``, found by the environment they inherited (this process left out: a
-    launcher started with the variable set, as tests and benchmarks do to follow a job, ends its job, not itself)."""
-    import psutil
-
-    found = []
-    for proc in psutil.process_iter():
-        with contextlib.suppress(psutil.Error):
-            if proc.pid != os.getpid() and proc.environ().get(JOB_ENV) == job_id:
-                found.append(proc)
-    return found
-
-
-def _exit_on_sigterm(signum: int, frame) -> None:
-    raise SystemExit(128 + signum)
-
-
-def run_job(command: list[str], env: dict[str, str], job_file: Path) -> int:
-    """Run the Ray job and leave nothing behind: on any exit (also an exception, Ctrl-C, or SIGTERM, which is how
-    Slurm cancels a job or ends it at its time limit) every process of the job is killed, Ray's daemons included
-    (they start sessions of their own), and the /dev/shm files it created are removed. The job's id and the
-    /dev/shm entries before it are kept in ``job_file`` while it runs, for :func:`end_stale_job`."""
-    job_id = env.get(JOB_ENV) or f"{os.getpid()}-{time.time_ns()}"
-    env = {**env, JOB_ENV: job_id}
-    shm_before = _shm_entries()
-    job_file.write_text(json.dumps({"id": job_id, "shm_before": sorted(shm_before)}))
-    main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm) if main_thread else None
-    proc = subprocess.Popen(command, env=env, cwd=REPO_ROOT)
-    try:
-        return proc.wait()
-    finally:
-        cleanup_job(job_id, shm_before)
-        job_file.unlink(missing_ok=True)
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
-
-
-def end_stale_job(job_file: Path) -> None:
-    """A launcher killed outright (kill -9: no ``finally``) leaves its job running, still training and writing
-    checkpoints; a relaunch in the same run directory ends it (and removes its /dev/shm files) before it reads
-    the checkpoint to resume from."""
-    if job_file.is_file():
-        stale = json.loads(job_file.read_text())
-        cleanup_job(stale["id"], set(stale["shm_before"]))
-        job_file.unlink()
-
-
-def cleanup_job(job_id: str, shm_before: set[str]) -> None:
-    """Kill every process of the job and remove the /dev/shm entries that appeared since ``shm_before``."""
-    import psutil
-
-    procs = job_processes(job_id)
-    for p in procs:
-        with contextlib.suppress(psutil.Error):
-            p.kill()
-    psutil.wait_procs(procs, timeout=30)
-    for name in _shm_entries() - shm_before:
-        path = Path("/dev/shm", name)
-        with contextlib.suppress(OSError):
-            shutil.rmtree(path) if path.is_dir() else path.unlink()
 
 
 def run_verl(cfg: DictConfig, verl_cfg: DictConfig) -> DictConfig | list[dict]:

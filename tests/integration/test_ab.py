@@ -1,4 +1,4 @@
-"""Seeded A/B (scripts/ab.py): a real two-mode run from command to tables, read from what the runs logged."""
+"""Seeded A/B (python -m recipe.ab): a real two-mode run from command to tables, read from what the runs logged."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 def test_two_mode_ab_runs_and_writes_tables_and_plots(harness_model, tmp_path):
     data = harness_model.parent / "data"
     args = [
-        sys.executable, str(REPO / "scripts" / "ab.py"), "--name", "t", "--modes", "off,sam", "--chunk-steps", "1",
+        sys.executable, "-m", "recipe.ab", "--name", "t", "--modes", "off,sam", "--chunk-steps", "1",
         "--runs-root", str(tmp_path / "runs"), "--out-root", str(tmp_path / "results"), "--val-n", "8",
         f"actor_rollout_ref.model.path={harness_model}", f"data.train_files={data / 'train.parquet'}",
         f"data.val_files={data / 'test.parquet'}", "trainer.total_training_steps=2",

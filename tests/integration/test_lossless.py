@@ -1,12 +1,13 @@
 """Lossless speculative sampling on vLLM CPU engines: the statistical proof.
 
-The harness (tests/integration/lossless_harness.py) samples one prompt many times per sampler and compares
+The harness (recipe/lossless_harness.py) samples one prompt many times per sampler and compares
 per-position token distributions; see its docstring for running it against a GPU or NPU engine.
 """
 
 import numpy as np
 import pytest
-from lossless_harness import Setting, compare, sample_hf, sample_vllm
+
+from recipe.lossless_harness import Setting, compare, sample_hf, sample_vllm
 
 pytestmark = [pytest.mark.vllm_side, pytest.mark.statistical]
 

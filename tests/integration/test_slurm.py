@@ -24,7 +24,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from recipe.dapo.verl_backend import _shm_entries
+from recipe.dapo.job import shm_entries
 
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER = REPO / "scripts" / "slurm" / "local_cluster.sh"
@@ -109,7 +109,7 @@ def _saved_step(run: Path) -> int:
 
 
 def test_a_job_cancelled_mid_step_leaves_nothing_and_its_resubmission_resumes(slurm, harness_model, tmp_path):
-    run, shm_before = tmp_path / "run", _shm_entries()
+    run, shm_before = tmp_path / "run", shm_entries()
     args = _run_args(harness_model, run)
     first_log = tmp_path / "first.out"
     first = _submit(slurm, first_log, *args)
@@ -121,7 +121,7 @@ def test_a_job_cancelled_mid_step_leaves_nothing_and_its_resubmission_resumes(sl
     _wait(lambda: _queued(slurm, first) == "", 120, "the cancelled job leaving the queue", first_log, first)
     # Ray drains its nodes for up to 30 s on SIGTERM; Slurm sends SIGKILL KillWait (20 s) after its SIGTERM
     _wait(lambda: not _job_processes(first), 120, "the cancelled job's processes ending", first_log, first)
-    assert not _shm_entries() - shm_before, f"/dev/shm entries left: {sorted(_shm_entries() - shm_before)}"
+    assert not shm_entries() - shm_before, f"/dev/shm entries left: {sorted(shm_entries() - shm_before)}"
     assert not (run / "metrics.jsonl").is_file() or _saved_step(run) < STEPS  # it was stopped before the end
 
     second_log = tmp_path / "second.out"
@@ -134,7 +134,7 @@ def test_a_job_cancelled_mid_step_leaves_nothing_and_its_resubmission_resumes(sl
     assert (run / "tracking_from_step_1.jsonl").is_file()  # the second launch started from the saved step
     assert all(row["rollout/spec_accept_length"] > 1 for row in history if row["step"] > 0)  # SAM drafted, accepted
     _wait(lambda: not _job_processes(second), 120, "the finished job's processes ending", second_log, second)
-    assert not _shm_entries() - shm_before, f"/dev/shm entries left: {sorted(_shm_entries() - shm_before)}"
+    assert not shm_entries() - shm_before, f"/dev/shm entries left: {sorted(shm_entries() - shm_before)}"
 
 
 def test_a_checkout_path_missing_on_the_nodes_is_named_before_ray_starts(slurm, tmp_path):

@@ -199,7 +199,7 @@ LAUNCHER = """
 import os
 import sys
 from pathlib import Path
-from recipe.dapo.verl_backend import run_job
+from recipe.dapo.job import run_job
 out = Path(sys.argv[1])
 # the job: a process with a child of its own, as veRL's driver has Ray daemons and workers
 job = [sys.executable, "-c", "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); time.sleep(600)"]
@@ -214,7 +214,7 @@ def test_sigterm_to_the_launcher_ends_the_whole_job(tmp_path):
     import time
     import uuid
 
-    from recipe.dapo.verl_backend import JOB_ENV, job_processes
+    from recipe.dapo.job import JOB_ENV, job_processes
 
     job_id = f"test-{uuid.uuid4().hex}"
     env = {**os.environ, JOB_ENV: job_id}

@@ -23,9 +23,9 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
+from recipe.dapo.job import JOB_ENV, cleanup_job, job_processes, shm_entries
 from recipe.dapo.step_marks import STEP_MARKS
 from recipe.dapo.timeline import saved_timelines
-from recipe.dapo.verl_backend import JOB_ENV, _shm_entries, cleanup_job, job_processes
 
 REPO = Path(__file__).resolve().parents[2]
 MAX_RESPONSE = 128
@@ -71,10 +71,10 @@ def short_run(steps: int) -> tuple[str, ...]:
 @pytest.fixture
 def verl_job():
     """A job id for a launch to run under; the job's processes and /dev/shm files are gone afterwards."""
-    job, shm_before = f"test-{uuid.uuid4().hex}", _shm_entries()
+    job, shm_before = f"test-{uuid.uuid4().hex}", shm_entries()
     yield job
     cleanup_job(job, shm_before)
-    leftover = _shm_entries() - shm_before
+    leftover = shm_entries() - shm_before
     assert not leftover, f"/dev/shm entries left by the run: {sorted(leftover)}"
 
 
@@ -93,7 +93,7 @@ SAM_DRAFTS = ("spec.sam.payoff=false",)
 def test_verl_trainer_runs_dapo_with_sam_and_resumes_after_kill_9(harness_model, tmp_path):
     out = tmp_path / "run"
     first_job = f"test-{uuid.uuid4().hex}"
-    shm_before = _shm_entries()
+    shm_before = shm_entries()
     log = (tmp_path / "launch1.log").open("w")
     try:
         first = subprocess.Popen(
@@ -116,7 +116,7 @@ def test_verl_trainer_runs_dapo_with_sam_and_resumes_after_kill_9(harness_model,
         assert not job_processes(first_job), "the relaunch should have ended the killed launcher's job"
 
         # the killed launcher's job trains on until the relaunch ends it: when it saved a step and was ended before
-        # logging it, the relaunch runs that step again (report.rewind_to_logged_checkpoint), so no row is missing
+        # logging it, the relaunch runs that step again (run_dir.rewind_to_logged_checkpoint), so no row is missing
         history = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
         assert [row["step"] for row in history] == list(range(STEPS + 1))
         resumed_from = sorted(int(p.stem.rsplit("_", 1)[1]) for p in out.glob("tracking_from_step_*.jsonl"))
@@ -141,7 +141,7 @@ def test_verl_trainer_runs_dapo_with_sam_and_resumes_after_kill_9(harness_model,
     finally:
         log.close()
         cleanup_job(first_job, shm_before)
-    leftover = _shm_entries() - shm_before
+    leftover = shm_entries() - shm_before
     assert not leftover, f"/dev/shm entries left by the runs: {sorted(leftover)}"
 
 

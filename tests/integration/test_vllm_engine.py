@@ -3,10 +3,10 @@ module, and its MTP layer drafts (method "mtp")."""
 
 import pytest
 import torch
-from lossless_harness import GREEDY_PROMPTS, prompt_ids
 
 from mtp.checkpoint import load_checkpoint
 from recipe.engine import EngineOptions, SpecCounters, make_llm, spec_counters, speculative_config
+from recipe.lossless_harness import GREEDY_PROMPTS, prompt_ids
 
 pytestmark = pytest.mark.vllm_side
 

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from recipe.dapo.job import shm_entries
 from recipe.dapo.server_timeline import TIMELINE_DIR_ENV, load_rows
-from recipe.dapo.verl_backend import _shm_entries
 from recipe.engine import speculative_config
 
 pytestmark = pytest.mark.vllm_side
@@ -70,7 +70,7 @@ def server(harness_model, tmp_path_factory):
         "--additional-config", json.dumps({"sam": sam_options}),
     ]  # fmt: skip
     env = {**os.environ, TIMELINE_DIR_ENV: str(timeline_dir), "VLLM_CPU_KVCACHE_SPACE": "1"}
-    shm_before = _shm_entries()
+    shm_before = shm_entries()
     with log_path.open("w") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
@@ -93,7 +93,7 @@ def server(harness_model, tmp_path_factory):
         except ProcessLookupError:
             pass
         proc.wait()
-        for name in _shm_entries() - shm_before:
+        for name in shm_entries() - shm_before:
             Path("/dev/shm", name).unlink(missing_ok=True)
 
 

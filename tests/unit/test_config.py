@@ -146,3 +146,23 @@ def test_verls_cpu_weight_bucket_holds_the_largest_tensor(tmp_path):
         (tmp_path / name / "config.json").write_text(json.dumps({"vocab_size": vocab, "hidden_size": hidden}))
         assert weight_bucket_megabytes(str(tmp_path / name)) == expected
     assert weight_bucket_megabytes(str(tmp_path / "not_built")) == 64
+
+
+def test_the_ab_configuration_file_sets_existing_keys_to_its_values():
+    """configs/ab/earlier_default.yaml reaches the composed config key by key (a misspelled key stops composition,
+    and every mode of an A/B composes it the same way)."""
+    from omegaconf import OmegaConf
+
+    from recipe.ab.runner import EARLIER_DEFAULT, MODES, config_overrides
+
+    overrides = config_overrides(EARLIER_DEFAULT)
+    assert "actor_rollout_ref.actor.optim.lr_scheduler_type=constant" in overrides and len(overrides) == 10
+    for mode in ("off", "sam", "sam_own"):
+        cfg = config(*overrides, *MODES[mode])
+        validate(cfg)
+        for item in overrides:
+            key, value = item.split("=", 1)
+            assert str(OmegaConf.select(cfg, key)) == value, key
+    assert config(*MODES["sam"]).spec.sam == config().spec.sam  # "sam" is the recipe's default drafter
+    own = config(*MODES["sam_own"]).spec.sam
+    assert not own.group_sharing and not own.cross_epoch

@@ -50,7 +50,8 @@ def test_a_fall_is_not_reported_as_a_rise(tmp_path):
 
 
 def test_run_summary_states_first_and_last_of_reward_and_held_out_accuracy_and_where_the_files_are(tmp_path):
-    from recipe.dapo.report import LATEST_FILE, run_summary, step_line
+    from recipe.dapo.report import run_summary, step_line
+    from recipe.dapo.run_dir import LATEST_FILE
 
     history = [{"step": 0, "val-core/tiny_sum/acc/mean@4": 0.25, "val-core/tiny_sum/acc/greedy": 0.40}]
     for step in range(1, 9):
@@ -71,8 +72,7 @@ def test_run_summary_states_first_and_last_of_reward_and_held_out_accuracy_and_w
 def test_every_rollout_metric_a_report_reads_is_one_the_rollout_logs():
     """The console line, the summary, the run's curves and the A/B tables name ``rollout/*`` metrics by string; each
     must be a key the timeline logs for a step with a tail and drafts (a renamed metric would leave a column empty)."""
-    import importlib.util
-
+    from recipe.ab.stats import QUARTER_METRICS, SLIME_METRICS
     from recipe.dapo.report import PANELS, STEP_LINE, SUMMARY_SPEED
     from recipe.dapo.timeline import RolloutTimeline, step_rollout_metrics
     from recipe.engine import SpecCounters
@@ -83,10 +83,7 @@ def test_every_rollout_metric_a_report_reads_is_one_the_rollout_logs():
         if active < 16:
             tl.finish(f"r{i}", 10, 0.01 * (i + 1))
     logged = set(step_rollout_metrics([tl.summary(tail_threshold=8)]))
-    spec = importlib.util.spec_from_file_location("ab", REPO / "scripts" / "ab.py")
-    ab = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ab)
-    read = {k for k, *_ in [*PANELS, *STEP_LINE, *SUMMARY_SPEED, *ab.QUARTER_METRICS]} | set(ab.SLIME_METRICS.values())
+    read = {k for k, *_ in [*PANELS, *STEP_LINE, *SUMMARY_SPEED, *QUARTER_METRICS]} | set(SLIME_METRICS.values())
     assert {k for k in read if k.startswith("rollout/")} <= logged
 
 

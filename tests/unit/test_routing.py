@@ -3,6 +3,7 @@ with the prompt's token ids, release when a request ends, servers leaving the po
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -50,3 +51,23 @@ def test_a_later_turn_of_a_request_stays_on_its_server(router):
 def test_a_misspelled_router_key_is_named(router):
     with pytest.raises(ValueError, match=r"unknown key\(s\) \['max_prompt'\]"):
         type(router)({"a": "handle-a"}, {"router_class": "x", "max_prompt": 10})
+
+
+def test_the_router_keys_a_prompt_as_sam_groups_it(router, tmp_path, monkeypatch):
+    """The router sees a prompt as a list of ints, SAM's proposer as the runner's int32 row: one key for both,
+    or the router keeps together requests that SAM does not group (and vice versa)."""
+    import numpy as np
+
+    from recipe.dapo.server_timeline import TIMELINE_DIR_ENV
+    from sam.keys import prompt_key
+
+    monkeypatch.setenv(TIMELINE_DIR_ENV, str(tmp_path))
+    logging_router = type(router)({"a": "handle-a"}, {"router_class": "x"})
+    prompt = [1, 49151, 7, 300000]
+    logging_router.acquire_server("r0", prompt_ids=prompt)
+    logging_router._log.close()
+    logged = json.loads((tmp_path / "routing.jsonl").read_text())["prompt"]
+    runner_row = np.asarray(prompt, dtype=np.int64).astype(np.int32)
+    assert logged == prompt_key(runner_row).hex() == prompt_key(prompt).hex()
+    template = list(range(100, 140))  # prompts that share a chat template differ only after it
+    assert len({prompt_key(template + [5]), prompt_key(template + [6]), prompt_key(template)}) == 3

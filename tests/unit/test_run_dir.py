@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from verl.utils.tracking import FileLogger
 
-from recipe.dapo.report import LATEST_FILE, checkpoint_dir, merge_tracking, rewind_to_logged_checkpoint, tracking_path
+from recipe.dapo.run_dir import LATEST_FILE, checkpoint_dir, merge_tracking, rewind_to_logged_checkpoint, tracking_path
 
 
 def launch(run: Path, start: int, steps: range, saved: range, monkeypatch: pytest.MonkeyPatch) -> None:

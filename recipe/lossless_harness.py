@@ -9,7 +9,7 @@ temperature 0.85 instead of 1).
 Each vLLM sampler runs in its own process, so one whose plugins are disabled (``SPEC_ROLLOUT_LOSSLESS_PATCH=0``)
 cannot leak into another. Run it against any engine, e.g. on a GPU or NPU machine:
 
-    python tests/integration/lossless_harness.py --model /path/to/ckpt --methods off,ngram,mtp --n 2000
+    python -m recipe.lossless_harness --model /path/to/ckpt --methods off,ngram,mtp --n 2000
 
 which prints one line per (method, temperature, top-p) with the p-value against spec off and HF.
 """
@@ -29,7 +29,7 @@ import numpy as np
 
 END = -1  # position after the sequence ended
 DEFAULT_PROMPT = [{"role": "user", "content": "Add the numbers: 3 5 2 7 4"}]
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 @dataclass(frozen=True)
@@ -161,7 +161,7 @@ def sample_vllm(
             "out": str(out),
         }
         proc = subprocess.run(
-            [sys.executable, __file__, "_child", json.dumps(args)],
+            [sys.executable, "-m", "recipe.lossless_harness", "_child", json.dumps(args)],
             env=env,
             cwd=REPO_ROOT,
             capture_output=True,
@@ -209,7 +209,6 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "_child":
         args = json.loads(argv[1])
-        sys.path.insert(0, str(REPO_ROOT))
         result = sample_vllm_inprocess(
             args["model"],
             args["method"],

@@ -1,0 +1,82 @@
+"""Seeded A/B runs of the DAPO recipe across speculative modes, and the tables and plots that compare them.
+
+    python -m recipe.ab --name cpu24 trainer.total_training_steps=24   # all modes, then the report
+    python -m recipe.ab --name cpu24 --modes off,sam                   # a subset
+    python -m recipe.ab --name cpu24 --report-only                     # tables and plots again
+
+Every mode runs the same config, data and seed (``python -m recipe.dapo`` in its own process, so a crash of
+one mode loses nothing of the others, and a rerun resumes a killed mode from its checkpoint and skips
+finished ones). Modes take turns in chunks of ``--chunk-steps`` training steps, each chunk resuming the mode's
+run from its checkpoint (a resumed run logs what an uninterrupted one would), so that slow and fast spells of a
+shared machine fall on every mode alike instead of on whichever mode ran during them. Runs go to
+``runs/ab/<name>/<mode>/``; tables (markdown + CSV) and PNG plots to ``results/ab/<name>/``:
+- (a) slime's layout: rollout tokens/s, long-tail tokens/s, longest-sample tokens/s, training time per step;
+- (b) the Ascend SAM article's layout: average inference time per generation round, total rollout time per
+  step, total time per step, and the gain over spec off;
+- (c) speed at equal batch size: engine steps pooled by active requests, tokens/s per active request against
+  spec off's in the same band (the long-tail figure compares tails of different sizes);
+- lossless in training: each mode's per-step reward and response length against spec off (two-sided
+  permutation test of the difference in means over steps, alpha 0.01), and the final greedy held-out accuracy
+  of every data source (Fisher's exact test on the problems solved);
+- means by quarter of the run: rollout tokens/s, acceptance length, the MTP head's top-1 and loss, reward;
+- plots: acceptance length, rollout throughput, reward and response length per step, and one rollout's
+  timeline (active requests and tokens/s over time) for spec off against SAM.
+
+Modes (:data:`recipe.ab.runner.MODES`): ``off``, ``ngram``, ``suffix``, ``sam`` (the recipe's default drafter:
+own text, siblings and earlier epochs), ``sam_own`` (own text only), ``mtp_frozen``, ``mtp_online``. The A/Bs
+committed before 2026-11-25 named the default ``sam_group`` and own-text-only ``sam``.
+
+The report reads what each run logged (its ``metrics.jsonl`` and rollout timelines); it computes no metric the
+run already has.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from recipe.ab.render import report
+from recipe.ab.runner import MODES, REPO_ROOT, earlier_default, run_modes
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--name", default="default", help="A/B name: runs/ab/<name>/, results/ab/<name>/")
+    parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {list(MODES)}")
+    parser.add_argument("--runs-root", default=str(REPO_ROOT / "runs" / "ab"))
+    parser.add_argument("--out-root", default=str(REPO_ROOT / "results" / "ab"))
+    parser.add_argument("--report-only", action="store_true", help="only rebuild tables and plots")
+    parser.add_argument("--val-n", type=int, help="held-out problems (default: the runs' data.val_max_samples)")
+    parser.add_argument(
+        "--chunk-steps",
+        type=int,
+        default=40,
+        help="modes take turns every this many training steps (0: each mode runs through at once); a multiple of "
+        "trainer.test_freq and trainer.save_freq keeps evaluations and checkpoints where an uninterrupted run has them",
+    )
+    parser.add_argument(
+        "--earlier-default",
+        action="store_true",
+        help="run the configuration of the committed A/Bs (configs/ab/earlier_default.yaml; the overrides given still apply)",
+    )
+    args, overrides = parser.parse_known_args(argv)
+    modes = args.modes.split(",")
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        parser.error(f"unknown mode(s) {unknown}; known: {list(MODES)}")
+    bad = [o for o in overrides if "=" not in o or o.startswith("-")]
+    if bad:
+        parser.error(f"not a Hydra override (key=value): {bad}")
+    runs_root, out_root = Path(args.runs_root), Path(args.out_root)
+    if args.earlier_default:
+        overrides = [*earlier_default(), *overrides]
+    if not args.report_only:
+        run_modes(args.name, modes, overrides, runs_root, args.chunk_steps)
+    given = argv if argv is not None else sys.argv[1:]
+    command = "python -m recipe.ab " + " ".join(a for a in given if a != "--report-only")
+    report(args.name, runs_root, out_root, command, args.val_n)
+
+
+if __name__ == "__main__":
+    main()

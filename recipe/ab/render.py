@@ -1,0 +1,286 @@
+"""An A/B's report: markdown and CSV tables in the source documents' layouts, and PNG plots, in
+``results/ab/<name>/``."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from omegaconf import OmegaConf
+
+from recipe.ab.runner import MODES
+from recipe.ab.stats import ALPHA, QUARTER_METRICS, series, tables
+from recipe.dapo.run_dir import read_history
+from recipe.dapo.timeline import RolloutTimeline, saved_timelines, speed_by_active_requests_vs_off
+
+
+def cell(x: object, spec: str) -> str:
+    """One table cell: ``x`` formatted with ``spec``; NaN shows as "-"."""
+    return "-" if isinstance(x, float) and x != x else format(x, spec)
+
+
+def md(rows: list[dict], columns: dict[str, tuple[str, str]] | None = None) -> str:
+    """A markdown table of ``rows``: ``columns`` maps a row key to (header, format spec), headers may repeat
+    (default: every key of the first row, as it is)."""
+    columns = columns or {key: (key, "") for key in rows[0]}
+    shown = [key for key in columns if key in rows[0]]
+    frame = pd.DataFrame([[cell(r[key], columns[key][1]) for key in shown] for r in rows])
+    frame.columns = [columns[key][0] for key in shown]
+    return frame.to_markdown(index=False, disable_numparse=True)
+
+
+SLIME_COLUMNS = {
+    "mode": ("mode", ""),
+    "rollout_tok_s": ("rollout tok/s", ".0f"),
+    "tail_tok_s": ("long-tail tok/s", ".0f"),
+    "tail_request_tok_s": ("long-tail tok/s per active request", ".0f"),
+    "longest_sample_tok_s": ("longest-sample tok/s", ".1f"),
+    "train_s_per_step": ("training s/step", ".2f"),
+    "accept_len": ("tokens per request-step", ".2f"),
+    "tail_accept_len": ("tail tokens per request-step", ".2f"),
+    "rollout_tok_s_2nd_half": ("rollout tok/s, 2nd half", ".0f"),
+}
+
+
+RATIO_COLUMNS = {
+    "rollout_tok_s": "rollout",
+    "rollout_tok_s_2nd_half": "rollout, 2nd half",
+    "tail_tok_s": "long tail",
+    "tail_request_tok_s": "long tail per request",
+}
+
+
+ASCEND_COLUMNS = {
+    "mode": ("mode", ""),
+    "inference_s_per_round": ("avg inference time per round (s)", ".2f"),
+    "rollout_s_per_step": ("total rollout time per step (s)", ".2f"),
+    "total_s_per_step": ("total time per step (s)", ".2f"),
+    "rollout_gain_pct": ("rollout gain vs off (%)", "+.1f"),
+    "step_gain_pct": ("step gain vs off (%)", "+.1f"),
+}
+
+
+def markdown(t: dict[str, list[dict]], runs: dict[str, list[dict]], command: str, tail_threshold: int) -> str:
+    steps = max((sum(r["step"] > 0 for r in h) for h in runs.values()), default=0)
+    lines = [
+        "# Seeded A/B: speculative rollout modes in DAPO training",
+        "",
+        f"Produced by `{command}` ({steps} steps per mode, same config, data and seed; means over steps of what "
+        f"each run logged). Long tail: engine steps with at most {tail_threshold} active requests "
+        "(recipe.long_tail_threshold); rollout metrics pool each step's generation rounds.",
+        "",
+        "## (a) Rollout and training speed (slime's layout)",
+        "",
+        md(t["slime"], SLIME_COLUMNS),
+    ]
+    off = next((r for r in t["slime"] if r["mode"] == "off"), None)
+    if off:
+        ratios = [
+            {"mode": r["mode"], **{k: r[k] / off[k] if off[k] else math.nan for k in RATIO_COLUMNS}}
+            for r in t["slime"]
+            if r["mode"] != "off"
+        ]
+        lines += ["", "Over spec off (ratios of the columns above).", "",
+                  md(ratios, {"mode": ("mode", "")} | {k: (v, ".2f") for k, v in RATIO_COLUMNS.items()})]  # fmt: skip
+    lines += ["", "## (b) Time per step (the Ascend SAM article's layout)", "", md(t["ascend"], ASCEND_COLUMNS)]
+    if t.get("by_active"):
+        cells: dict[str, dict[str, str]] = {}
+        for r in t["by_active"]:
+            vs_off = r["request_tok_s_vs_off"]
+            ratio = cell(vs_off, ".2f") + ("x" if vs_off == vs_off else "")
+            cells.setdefault(r["mode"], {"mode": r["mode"]})[f"{r['active']} active"] = (
+                f"{ratio} ({r['tokens_per_request_step']:.2f}; {100 * r['time_share']:.0f}%)"
+            )
+        lines += [
+            "",
+            "## (c) Speed at equal batch size",
+            "",
+            "Engine steps of all rollouts pooled by how many requests were active: tokens/s per active request "
+            "over spec off's in the same band (tokens per request-step; share of the mode's rollout time). The "
+            "long tail above compares tails that hold different numbers of requests when a drafter changes which "
+            "requests are left at the end; here every band compares equal batch sizes.",
+            "",
+            md(list(cells.values())),
+        ]
+    if t["lossless"]:
+        columns = {"mode": ("mode", ""), "score_mean": ("reward", ".3f"), "score_off": ("reward (off)", ".3f"),
+                   "score_p": ("p", ".3f"), "length_mean": ("response length", ".1f"),
+                   "length_off": ("response length (off)", ".1f"), "length_p": ("p", ".3f")}  # fmt: skip
+        for key in t["lossless"][0]:
+            if key.endswith("_greedy_acc"):
+                source = key.removesuffix("_greedy_acc")
+                columns |= {key: (f"final greedy acc, {source}", ".3f"), f"{key}_off": ("(off)", ".3f"),
+                            f"{source}_greedy_p": ("p", ".3f")}  # fmt: skip
+        rows = [r | {"agrees": "yes" if all(not (r[k] < ALPHA) for k in r if k.endswith("_p")) else "NO"}
+                for r in t["lossless"]]  # fmt: skip
+        lines += [
+            "",
+            "## Lossless in training",
+            "",
+            f"Per-step mean reward (before filtering) and response length of each mode against spec off: two-sided "
+            f"permutation test of equal means over steps; final greedy held-out accuracy: Fisher's exact test on "
+            f"the problems solved. A p-value below {ALPHA} would mean the mode changed what is learned beyond "
+            f"run-to-run noise.",
+            "",
+            md(rows, columns | {"agrees": ("agrees", "")}),
+        ]
+    if t.get("quarters"):
+        labels = {key: (label, nd) for key, label, nd in QUARTER_METRICS}
+        rows = [{"mode": r["mode"], "metric": labels[r["metric"]][0],
+                 **{f"Q{i}": cell(r[f"q{i}"], f".{labels[r['metric']][1]}f") for i in range(1, 5)}}
+                for r in t["quarters"]]  # fmt: skip
+        lines += ["", "## By quarter of the run", "", "Means over each quarter of the training steps.", "", md(rows)]
+    lines += ["", "![acceptance](acceptance.png)", "", "![throughput](throughput.png)", ""]
+    lines += ["![reward and length](reward_length.png)", "", "![drift](drift.png)", "", "![timeline](timeline.png)", ""]
+    return "\n".join(lines)
+
+
+def plots(runs: dict[str, list[dict]], runs_dir: Path, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def running(steps: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Trailing mean over a window of 1/8 of the run (no edge effects: the first points are dropped)."""
+        w = max(1, len(values) // 8)
+        if len(values) <= w:
+            return steps, values
+        return steps[w - 1 :], np.convolve(values, np.ones(w) / w, mode="valid")
+
+    panels = [
+        ("acceptance.png", [("rollout/spec_accept_length", "mean acceptance length (vLLM)",
+                             [m for m in MODES if m != "off"]),
+                            ("mtp/head_acc", "MTP head top-1 accuracy on the step's responses",
+                             ["mtp_frozen", "mtp_online"])]),
+        ("throughput.png", [("rollout/throughput_tok_s", "rollout tokens/s", list(runs)),
+                            ("rollout/tail_throughput_tok_s", "long-tail tokens/s", list(runs))]),
+        ("reward_length.png", [("train/gen_score_mean", "mean reward (all generated)", list(runs)),
+                               ("response_length/mean", "mean response length", list(runs))]),
+    ]  # fmt: skip
+    for filename, keys in panels:
+        fig, axes = plt.subplots(1, len(keys), figsize=(6 * len(keys), 4), squeeze=False)
+        for ax, (key, label, modes) in zip(axes[0], keys, strict=True):
+            for mode in modes:
+                steps, values = series(runs.get(mode, []), key)
+                if len(values):
+                    ax.plot(*running(steps, values), label=mode, lw=1.5)
+            ax.set_title(label + " (running mean)", fontsize=10)
+            ax.set_xlabel("step")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / filename, dpi=110)
+        plt.close(fig)
+    drift_plot(runs, out / "drift.png")
+    timeline_plot(runs_dir, out / "timeline.png")
+
+
+def drift_plot(runs: dict[str, list[dict]], path: Path) -> None:
+    """How far each run's policy moved (KL from its start on the drift probe, per step), and the MTP heads'
+    acceptance against that drift: the starting head's and the run's head's expected acceptance on the probe, and
+    vLLM's measured draft acceptance rate of the step's rollout."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    for mode, h in runs.items():
+        steps, kl = series(h, "drift/kl_from_start")
+        if not len(kl):
+            continue
+        axes[0].plot(steps, kl, label=mode, lw=1.5)
+        for key, style, name in (("drift/mtp_accept_start_head", ":", "starting head"),
+                                 ("drift/mtp_accept_head", "-", "run's head"),
+                                 ("rollout/spec_draft_acceptance_rate", ".", "vLLM measured")):  # fmt: skip
+            if not mode.startswith("mtp") and key != "drift/mtp_accept_start_head":
+                continue
+            rows = [r for r in h if key in r and "drift/kl_from_start" in r]
+            if rows:
+                axes[1].plot([r["drift/kl_from_start"] for r in rows], [r[key] for r in rows], style, ms=3,
+                             label=f"{mode}: {name}")  # fmt: skip
+    axes[0].set_title("KL(start || now) per token on the drift probe", fontsize=10)
+    axes[0].set_xlabel("step")
+    axes[1].set_title("draft acceptance against drift", fontsize=10)
+    axes[1].set_xlabel("KL from the starting policy")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def timeline_plot(runs_dir: Path, path: Path) -> None:
+    """Active requests and tokens/s over one rollout (the last step's first round), spec off vs SAM."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    for mode in ("off", "sam", "sam_own"):
+        by_step = saved_timelines(runs_dir / mode / "timelines")
+        files = by_step[max(by_step)][:1] if by_step else []  # the last step's first round (first server's)
+        if not files:
+            continue
+        steps = json.loads(files[-1].read_text())["steps"]
+        t = np.array([s["start_s"] + s["duration_s"] for s in steps])
+        active = np.array([s["active"] for s in steps])
+        tok_s = np.array([s["tokens"] / max(s["duration_s"], 1e-9) for s in steps])
+        axes[0].step(t, active, where="post", label=mode)
+        axes[1].plot(t, np.convolve(tok_s, np.ones(5) / 5, mode="same"), label=mode, lw=1)
+    axes[0].set_title(f"active requests ({files[-1].stem if files else ''})", fontsize=10)
+    axes[1].set_title("tokens/s (5-step mean)", fontsize=10)
+    for ax in axes:
+        ax.set_xlabel("seconds into the rollout")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    axes[1].set_yscale("log")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def load_timelines(run_dir: Path) -> dict[int, list]:
+    """The run's saved rollout timelines by training step (one per generation round, per server on backend=verl)."""
+
+    return {
+        step: [RolloutTimeline.load(p) for p in paths] for step, paths in saved_timelines(run_dir / "timelines").items()
+    }
+
+
+def run_config(run_dir: Path):
+    """The recipe config a mode ran with (Hydra's copy in the run's ``hydra/`` folder)."""
+    path = run_dir / "hydra" / ".hydra" / "config.yaml"
+    if not path.is_file():
+        raise SystemExit(f"[ab] {path} is missing: was {run_dir} made by this script?")
+    return OmegaConf.load(path)
+
+
+def report(name: str, runs_root: Path, out_root: Path, command: str, val_n: int | None) -> Path:
+    runs_dir = runs_root / name
+    runs = {m: h for m in MODES if (h := read_history(runs_dir / m))}
+    if not runs:
+        raise SystemExit(f"[ab] no finished runs under {runs_dir}")
+    cfg = run_config(runs_dir / next(iter(runs)))
+    tail_threshold = int(cfg.recipe.long_tail_threshold)
+    if val_n is None:
+        if cfg.data.val_max_samples < 0:
+            raise SystemExit(
+                "[ab] data.val_max_samples is -1 (all rows): give --val-n, the number of held-out problems"
+            )
+        val_n = int(cfg.data.val_max_samples)
+    out = out_root / name
+    out.mkdir(parents=True, exist_ok=True)
+    t = tables(runs, val_n)
+    by_step = {m: load_timelines(runs_dir / m) for m in runs}
+    t["by_active"] = speed_by_active_requests_vs_off(
+        {m: [tl for step in sorted(tls) for tl in tls[step]] for m, tls in by_step.items()}
+    )
+    for key, rows in t.items():
+        if rows:
+            pd.DataFrame(rows).to_csv(out / f"{key}.csv", index=False)
+    (out / "tables.json").write_text(json.dumps(t, indent=2))
+    plots(runs, runs_dir, out)
+    (out / "README.md").write_text(markdown(t, runs, command, tail_threshold))
+    print((out / "README.md").read_text())
+    return out

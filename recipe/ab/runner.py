@@ -1,0 +1,110 @@
+"""Running a seeded A/B: every mode the same config, data and seed, in its own ``python -m recipe.dapo`` process.
+
+A crash of one mode loses nothing of the others, and a rerun resumes a killed mode from its checkpoint and skips
+finished ones. Modes take turns in chunks of training steps, each chunk resuming the mode's run from its checkpoint
+(a resumed run logs what an uninterrupted one would), so that slow and fast spells of a shared machine fall on every
+mode alike instead of on whichever mode ran during them.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from recipe.dapo.run_dir import read_history
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+EARLIER_DEFAULT = REPO_ROOT / "configs" / "ab" / "earlier_default.yaml"
+
+MODES: dict[str, list[str]] = {  # mode name -> the Hydra overrides that select it
+    "off": ["spec=off"],
+    "ngram": ["spec=ngram"],  # vLLM's n-gram drafter
+    "suffix": ["spec=suffix"],  # Arctic Inference's suffix decoding, as vLLM ships it
+    "sam": ["spec=sam"],  # the recipe's default drafter (configs/spec/sam.yaml: own text, siblings, earlier epochs)
+    "sam_own": ["spec=sam", "spec.sam.group_sharing=false", "spec.sam.cross_epoch=false"],  # own text only
+    "mtp_frozen": ["spec=mtp", "spec.mtp.train=frozen"],
+    "mtp_online": ["spec=mtp", "spec.mtp.train=online"],
+}
+
+
+def earlier_default() -> list[str]:
+    """configs/ab/earlier_default.yaml as Hydra overrides, after the embedded base model's SFT train split (built once
+    if missing) as ``data.train_files``."""
+    from recipe.sft.train import ensure_base_model
+
+    train = ensure_base_model(OmegaConf.load(REPO_ROOT / "configs" / "sft.yaml")).parent / "data" / "train.parquet"
+    return [f"data.train_files={train}", *config_overrides(EARLIER_DEFAULT)]
+
+
+def config_overrides(path: Path) -> list[str]:
+    """A YAML file of recipe config keys as Hydra overrides (``a.b.c=value``)."""
+
+    def dotted(tree: dict, prefix: str = "") -> list[str]:
+        return [
+            item
+            for key, value in tree.items()
+            for item in (dotted(value, f"{prefix}{key}.") if isinstance(value, dict) else [f"{prefix}{key}={value}"])
+        ]
+
+    return dotted(OmegaConf.to_container(OmegaConf.load(path)))
+
+
+def composed(overrides: list[str]) -> DictConfig:
+    """The recipe's config with ``overrides``, as ``python -m recipe.dapo`` composes it."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(REPO_ROOT / "configs"), version_base=None):
+        return compose(config_name="dapo", overrides=overrides)
+
+
+def chunk_ends(steps: int, chunk_steps: int) -> list[int]:
+    """The step each turn of a mode runs to: every ``chunk_steps`` steps, and the last (``chunk_steps <= 0``: all
+    at once)."""
+    if chunk_steps <= 0:
+        return [steps]
+    return [*range(chunk_steps, steps, chunk_steps), steps]
+
+
+def run_modes(name: str, modes: list[str], overrides: list[str], runs_root: Path, chunk_steps: int) -> None:
+    """Each mode in its own ``python -m recipe.dapo`` process, modes taking turns chunk by chunk; finished modes
+    are skipped, killed ones resume."""
+    cfg = composed([*overrides, *MODES[modes[0]]])  # with a mode's spec group, which overrides may set
+    steps = int(cfg.trainer.total_training_steps)
+    optim = cfg.actor_rollout_ref.actor.optim
+    if cfg.backend == "verl" and len(chunk_ends(steps, chunk_steps)) > 1 and optim.lr_scheduler_type != "constant":
+        raise SystemExit(
+            "[ab] veRL's trainer spans the learning-rate schedule over each turn's trainer.total_training_steps, so "
+            "turns would change a cosine schedule: run backend=verl A/Bs with --chunk-steps 0 or "
+            "actor_rollout_ref.actor.optim.lr_scheduler_type=constant"
+        )
+    overrides = [o for o in overrides if not o.startswith("trainer.total_training_steps=")]
+    pending = []
+    for mode in modes:
+        done = read_history(runs_root / name / mode)
+        if done and done[-1]["step"] >= steps:
+            print(f"[ab] {mode}: finished ({steps} steps) in {runs_root / name / mode}, skipped", flush=True)
+        else:
+            pending.append(mode)
+    for end in chunk_ends(steps, chunk_steps):
+        for mode in pending:
+            run_dir = runs_root / name / mode
+            done = read_history(run_dir)
+            if done and done[-1]["step"] >= end:
+                continue
+            args = [
+                *overrides,
+                *MODES[mode],
+                f"trainer.total_training_steps={end}",
+                f"actor_rollout_ref.actor.optim.total_training_steps={steps}",  # the whole run's lr schedule
+                f"trainer.default_local_dir={run_dir}",
+                f"hydra.run.dir={run_dir}/hydra",
+                f"trainer.experiment_name={mode}",
+                "trainer.resume_mode=auto",
+            ]
+            print(f"[ab] {mode}: python -m recipe.dapo {' '.join(args)}", flush=True)
+            proc = subprocess.run([sys.executable, "-m", "recipe.dapo", *args], cwd=REPO_ROOT)
+            if proc.returncode != 0:
+                raise SystemExit(f"[ab] mode {mode} failed (exit {proc.returncode}); rerun the same command to resume")

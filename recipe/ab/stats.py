@@ -1,0 +1,139 @@
+"""What an A/B's runs logged, reduced to the rows of its tables: means over steps, ratios to spec off, and the
+tests that say whether a mode changed what is learned (the report computes no metric a run already logs)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy import stats
+
+from recipe.dapo.report import held_out_keys
+
+ALPHA = 0.01  # significance level of the lossless-in-training tests
+
+
+def series(h: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
+    points = [(r["step"], r[key]) for r in h if key in r]
+    if not points:
+        return np.zeros(0), np.zeros(0)
+    steps, values = zip(*points, strict=True)
+    return np.asarray(steps), np.asarray(values, dtype=float)
+
+
+def mean_of(h: list[dict], key: str, second_half: bool = False) -> float:
+    steps, values = series(h, key)
+    if second_half and len(values):
+        values = values[steps > steps.max() / 2]
+    return float(values.mean()) if len(values) else float("nan")
+
+
+def permutation_p(a: np.ndarray, b: np.ndarray) -> float:
+    """Two-sided permutation test of equal means over steps (no distribution assumed; seeded, so reports
+    reproduce)."""
+    if len(a) < 2 or len(b) < 2:
+        return math.nan
+    res = stats.permutation_test(
+        (a, b), lambda x, y, axis: x.mean(axis) - y.mean(axis), vectorized=True, n_resamples=20000, rng=0
+    )
+    return float(res.pvalue)
+
+
+def solved_p(acc: float, acc_off: float, n: int) -> float:
+    """Fisher's exact test that two greedy accuracies on the same ``n`` problems come from the same rate."""
+    if acc != acc or acc_off != acc_off:
+        return math.nan
+    solved, solved_off = round(acc * n), round(acc_off * n)
+    return float(stats.fisher_exact([[solved, n - solved], [solved_off, n - solved_off]]).pvalue)
+
+
+def final(h: list[dict], key: str) -> float:
+    values = series(h, key)[1]
+    return float(values[-1]) if len(values) else math.nan
+
+
+SLIME_METRICS = {  # table (a)'s columns read straight from the logged metric of each step
+    "rollout_tok_s": "rollout/throughput_tok_s",
+    "tail_tok_s": "rollout/tail_throughput_tok_s",
+    "tail_request_tok_s": "rollout/tail_request_tok_s",
+    "longest_sample_tok_s": "rollout/longest_sample_tok_s",
+    "accept_len": "rollout/tokens_per_request_step",
+    "tail_accept_len": "rollout/tail_tokens_per_request_step",
+}
+
+
+def tables(runs: dict[str, list[dict]], val_n: int) -> dict[str, list[dict]]:
+    """Rows of every table, from each mode's logged metrics (means over steps)."""
+    off = runs.get("off")
+    slime, ascend, lossless = [], [], []
+    for mode, h in runs.items():
+        slime.append(
+            {
+                "mode": mode,
+                **{column: mean_of(h, key) for column, key in SLIME_METRICS.items()},
+                "train_s_per_step": mean_of(h, "timing_s/update_actor") + mean_of(h, "timing_s/old_log_prob"),
+                "rollout_tok_s_2nd_half": mean_of(h, "rollout/throughput_tok_s", second_half=True),
+            }
+        )
+        row = {
+            "mode": mode,
+            "inference_s_per_round": mean_of(h, "timing_s/gen_round_mean"),
+            "rollout_s_per_step": mean_of(h, "timing_s/gen"),
+            "total_s_per_step": mean_of(h, "timing_s/step"),
+        }
+        if off:
+            row["rollout_gain_pct"] = 100 * (mean_of(off, "timing_s/gen") / row["rollout_s_per_step"] - 1)
+            row["step_gain_pct"] = 100 * (mean_of(off, "timing_s/step") / row["total_s_per_step"] - 1)
+        ascend.append(row)
+        if off and mode != "off":
+            score, score_off = series(h, "train/gen_score_mean")[1], series(off, "train/gen_score_mean")[1]
+            length, length_off = series(h, "response_length/mean")[1], series(off, "response_length/mean")[1]
+            row = {
+                "mode": mode,
+                "score_mean": float(score.mean()),
+                "score_off": float(score_off.mean()),
+                "score_p": permutation_p(score, score_off),
+                "length_mean": float(length.mean()),
+                "length_off": float(length_off.mean()),
+                "length_p": permutation_p(length, length_off),
+            }
+            for key in greedy_keys(off):  # veRL's val-core/<data_source>/acc/greedy, one per data source
+                source = key.split("/")[1]
+                row[f"{source}_greedy_acc"], row[f"{source}_greedy_acc_off"] = final(h, key), final(off, key)
+                row[f"{source}_greedy_p"] = solved_p(final(h, key), final(off, key), val_n)
+            lossless.append(row)
+    return {"slime": slime, "ascend": ascend, "lossless": lossless, "quarters": by_quarter(runs)}
+
+
+def greedy_keys(h: list[dict]) -> list[str]:
+    return [k for k in held_out_keys(h) if k.endswith("/acc/greedy")]
+
+
+# per-quarter means in the report: (metric, label, decimals); a mode without the metric has no row
+QUARTER_METRICS = (
+    ("rollout/throughput_tok_s", "rollout tok/s", 0),
+    ("rollout/spec_accept_length", "acceptance length", 2),
+    ("mtp/head_acc", "MTP head top-1", 3),
+    ("mtp/head_loss", "MTP head loss", 3),
+    ("train/gen_score_mean", "reward (all generated)", 3),
+    ("drift/kl_from_start", "KL from the starting policy (drift probe)", 4),
+    ("drift/mtp_accept_start_head", "starting (frozen) head's expected acceptance (drift probe)", 3),
+    ("drift/mtp_accept_head", "the run's head's expected acceptance (drift probe)", 3),
+    ("rollout/spec_draft_acceptance_rate", "vLLM draft acceptance rate", 3),
+)
+
+
+def by_quarter(runs: dict[str, list[dict]]) -> list[dict]:
+    """Each mode's metrics averaged over quarters of the training steps (steps (i-1)*S/4 < step <= i*S/4): how
+    throughput, acceptance and the MTP head move over the run, and which quarter a slow spell fell in."""
+    rows = []
+    for mode, h in runs.items():
+        for key, _, _ in QUARTER_METRICS:
+            steps, values = series([r for r in h if r["step"] > 0], key)
+            if not len(values):
+                continue
+            edges = np.linspace(0, steps.max(), 5)
+            quarter = [values[(steps > lo) & (steps <= hi)] for lo, hi in zip(edges[:-1], edges[1:], strict=True)]
+            rows.append({"mode": mode, "metric": key, **{f"q{i + 1}": float(q.mean()) if len(q) else math.nan
+                                                        for i, q in enumerate(quarter)}})  # fmt: skip
+    return rows
