@@ -62,6 +62,35 @@ def make_batch(ckpt: Path, prompts: int, n: int, width: int):
     return batch
 
 
+def real_model_batch(ckpt: Path, prompts: int, n: int, response_tokens: int, width: int):
+    """A veRL batch for a real model: ``prompts`` word problems with its chat template, ``n`` responses of
+    ``response_tokens`` random token ids each (an update's cost depends on the lengths, not on which tokens), and an
+    outcome reward of +-1 on the last response token."""
+    import torch
+
+    from mtp.checkpoint import load_tokenizer
+    from recipe.dapo.batch import build_batch
+    from recipe.dapo.rollout import Response
+    from recipe.data.loader import load_problems
+    from recipe.data.word_problems import write_splits
+    from recipe.sft.train import encode_prompt
+
+    tok = load_tokenizer(ckpt)
+    problems = [p for p in load_problems(write_splits()[0], max_rows=prompts) for _ in range(n)]
+    gen = torch.Generator().manual_seed(0)
+    responses = []
+    for i, p in enumerate(problems):
+        ids = torch.randint(100, len(tok), (response_tokens - 1,), generator=gen).tolist() + [tok.eos_token_id]
+        responses.append(Response(i, encode_prompt(tok, p.messages), ids, "", "stop"))
+    uids = [str(i // n) for i in range(len(problems))]
+    batch = build_batch(responses, problems, uids, tok.pad_token_id, 0, width)
+    mask = batch.batch["response_mask"]
+    rewards = torch.zeros(mask.shape)
+    rewards[torch.arange(len(batch)), mask.sum(-1) - 1] = torch.randint(0, 2, (len(batch),), generator=gen) * 2.0 - 1
+    batch.batch["token_level_rewards"] = rewards
+    return batch
+
+
 def compose(overrides: list[str]):
     """configs/dapo.yaml with ``overrides``, as ``python -m recipe.dapo`` composes it."""
     from hydra import compose as hydra_compose
@@ -206,6 +235,12 @@ def main() -> None:
     parser.add_argument(
         "--mini", type=int, default=2, help="ppo_mini_batch_size (groups per optimizer step; as configs/dapo.yaml)"
     )
+    parser.add_argument(
+        "--model",
+        help="a real model (a built-in name, .gguf file or HF directory): time it with an untrained MTP layer grafted "
+        "on (mtp/graft.py) at its own depth instead of the embedded model at --layers",
+    )
+    parser.add_argument("--response-tokens", type=int, default=128, help="with --model: tokens per response")
     parser.add_argument("--out", default=str(REPO_ROOT / "results" / "mtp"))
     args = parser.parse_args()
 
@@ -223,16 +258,25 @@ def main() -> None:
         init_single_process_group()
 
     torch.manual_seed(0)
-    ckpt = ensure_base_model(OmegaConf.load(REPO_ROOT / "configs" / "sft.yaml"))
-    batch = make_batch(ckpt, args.prompts, args.n, 768)
+    if args.model:
+        from mtp.graft import graft_mtp
+        from recipe.models import CACHE_DIR, resolve_model
+
+        base = Path(resolve_model(args.model))
+        ckpt = graft_mtp(base, CACHE_DIR / f"{base.name}-mtp-untrained")
+        batch = real_model_batch(ckpt, args.prompts, args.n, args.response_tokens, args.response_tokens)
+    else:
+        ckpt = ensure_base_model(OmegaConf.load(REPO_ROOT / "configs" / "sft.yaml"))
+        batch = make_batch(ckpt, args.prompts, args.n, 768)
     overrides = [f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={args.micro}"]
     overrides += [f"actor_rollout_ref.actor.ppo_mini_batch_size={args.mini}", f"data.train_batch_size={args.prompts}"]
     overrides += [f"actor_rollout_ref.rollout.n={args.n}"]
     rows = []
     with tempfile.TemporaryDirectory(prefix="mtp-overhead-") as tmp:
-        for depth in [int(x) for x in args.layers.split(",")]:
-            depth_ckpt = deeper_checkpoint(ckpt, depth, Path(tmp))
-            model = load_checkpoint(depth_ckpt)
+        for depth in [None] if args.model else [int(x) for x in args.layers.split(",")]:
+            depth_ckpt = ckpt if args.model else deeper_checkpoint(ckpt, depth, Path(tmp))
+            model = load_checkpoint(depth_ckpt).float()
+            depth = model.config.num_hidden_layers
             if args.backend == "local":
                 updates = local_updates(model, batch, overrides)
             else:
@@ -242,11 +286,15 @@ def main() -> None:
             print(json.dumps(row), flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"overhead_{args.backend}.json").write_text(json.dumps(rows, indent=2))
+    name = f"overhead_{args.backend}" + (f"_{Path(args.model).name}" if args.model else "")
+    (out / f"{name}.json").write_text(json.dumps(rows, indent=2))
     tokens = int(batch.batch["attention_mask"].sum())
+    shape = (
+        f"--model {args.model} --response-tokens {args.response_tokens}" if args.model else f"--layers {args.layers}"
+    )
     lines = [
-        f"Produced by `.venv/bin/python scripts/bench_mtp_overhead.py --backend {args.backend} --layers {args.layers} "
-        f"--reps {args.reps} --mini {args.mini}`: {len(batch)} responses ({tokens} tokens, micro-batch {args.micro}, "
+        f"Produced by `.venv/bin/python scripts/bench_mtp_overhead.py --backend {args.backend} {shape} --prompts "
+        f"{args.prompts} --n {args.n} --reps {args.reps} --mini {args.mini} --micro {args.micro}`: {len(batch)} responses ({tokens} tokens, micro-batch {args.micro}, "
         f"mini-batch {args.mini} groups), {args.reps} reps of both modes back to back (order alternating); times are "
         "medians, the overhead is the median of the per-rep ratios (interquartile range in brackets).",
         "",
@@ -259,7 +307,7 @@ def main() -> None:
             f"{r['online_update_s']:.3f} | {r['online_minus_frozen_s']:+.3f} | {r['overhead_pct']:+.1f}% "
             f"[{r['overhead_pct_q25']:+.1f}, {r['overhead_pct_q75']:+.1f}] |"
         )
-    (out / f"overhead_{args.backend}.md").write_text("\n".join(lines) + "\n")
+    (out / f"{name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

@@ -95,6 +95,12 @@ def validate(cfg: DictConfig) -> None:
         except (TypeError, ValueError) as e:
             raise ConfigError(f"spec.sam: {e}") from e
 
+    _require(
+        cfg.backend == "verl" or not cfg.actor_rollout_ref.model.lora_rank,
+        "actor_rollout_ref.model.lora_rank",
+        f"is {cfg.actor_rollout_ref.model.lora_rank}, but the local backend's actor trains every parameter: LoRA runs "
+        "on backend=verl (veRL's FSDP actor with peft); leave it 0 here",
+    )
     data = cfg.data
     for key in ("train_batch_size", "gen_batch_size", "max_prompt_length", "max_response_length"):
         _require(data[key] >= 1, f"data.{key}", f"must be >= 1, got {data[key]}")

@@ -90,6 +90,7 @@ def test_unknown_key_is_named():
         ("actor_rollout_ref.actor.optim.lr_scheduler_type=linear", "actor_rollout_ref.actor.optim.lr_scheduler_type"),
         ("spec.num_speculative_tokens_per_batch_size=[[2,8,4]]", "spec.num_speculative_tokens_per_batch_size"),
         ("spec.num_speculative_tokens_per_batch_size=[[1,8]]", "spec.num_speculative_tokens_per_batch_size"),
+        ("actor_rollout_ref.model.lora_rank=16", "actor_rollout_ref.model.lora_rank"),  # the local actor has no LoRA
     ],
 )
 def test_bad_values_fail_before_work_naming_the_key(override, key):
@@ -166,3 +167,10 @@ def test_the_ab_configuration_file_sets_existing_keys_to_its_values():
     assert config(*MODES["sam"]).spec.sam == config().spec.sam  # "sam" is the recipe's default drafter
     own = config(*MODES["sam_own"]).spec.sam
     assert not own.group_sharing and not own.cross_epoch
+
+
+def test_lora_is_left_to_verls_actor():
+    """veRL's FSDP actor takes actor_rollout_ref.model.lora_rank (peft); the local actor refuses it at start."""
+    validate(config("backend=verl", "actor_rollout_ref.model.lora_rank=16"))
+    with pytest.raises(ConfigError, match=r"lora_rank: is 16, but the local backend"):
+        validate(config("actor_rollout_ref.model.lora_rank=16"))
