@@ -68,3 +68,14 @@ def test_vllm_032s_kernel_rebinding_survives_numba_loaded_first():
         return
     assert bare.returncode != 0 and "'_lib_fn_wrapper' object has no attribute 'get'" in bare.stderr  # still needed
     assert shimmed.returncode == 0 and "shim True\nscanned" in shimmed.stdout, shimmed.stderr[-2000:]
+
+
+def test_a_cpu_without_native_bfloat16_is_recognised():
+    from recipe.engine import slow_bfloat16_cpu
+
+    epyc_avx2 = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma\nprocessor\t: 1\nflags\t\t: fpu sse2 avx avx2 fma\n"
+    sapphire = "flags\t\t: fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile\n"
+    cooper = "flags\t\t: fpu avx2 avx512f avx512_bf16\n"
+    arm = "Features\t: fp asimd bf16\n"  # no x86 flags line: not judged
+    assert slow_bfloat16_cpu(epyc_avx2)
+    assert not slow_bfloat16_cpu(sapphire) and not slow_bfloat16_cpu(cooper) and not slow_bfloat16_cpu(arm)
