@@ -79,7 +79,7 @@ BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")  # the x86 instructions vLLM CPU's 
 
 def slow_bfloat16_cpu(cpuinfo: str | None = None) -> bool:
     """Whether this CPU lacks native bfloat16 matmuls (x86 without AVX512-BF16 or AMX). There vLLM CPU emulates them:
-    SmolLM2-135M sampled 49 tokens/s in bfloat16 against 155 in float32 on an AVX2-only EPYC
+    SmolLM2-135M sampled 37 tokens/s in bfloat16 against 135 in float32 on an AVX2-only EPYC
     (results/real/README.md, "bfloat16 on a CPU without it")."""
     if cpuinfo is None:
         try:
@@ -181,7 +181,7 @@ def make_llm(
     if options.dtype == "bfloat16" and not on_gpu() and slow_bfloat16_cpu():
         logging.getLogger(__name__).warning(
             "bfloat16 engine on a CPU without AVX512-BF16 or AMX: vLLM emulates bfloat16 matmuls here and samples about "
-            "3x slower than in float32; set actor_rollout_ref.rollout.dtype=float32"
+            "3-4x slower than in float32; set actor_rollout_ref.rollout.dtype=float32"
         )
     llm = LLM(**kwargs)
     llm.llm_engine.logger_manager.stat_loggers.append(SpecCounterLogger())
