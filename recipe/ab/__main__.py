@@ -23,7 +23,8 @@ shared machine fall on every mode alike instead of on whichever mode ran during 
   timeline (active requests and tokens/s over time) for spec off against SAM.
 
 Modes (:data:`recipe.ab.runner.MODES`): ``off``, ``ngram``, ``suffix``, ``sam`` (the recipe's default drafter:
-own text, siblings and earlier epochs), ``sam_own`` (own text only), ``mtp_frozen``, ``mtp_online``. The A/Bs
+own text, siblings and earlier epochs), ``sam_own`` (own text only), ``sam_every`` (the default without the payoff
+rule: every draft the match rules give), ``mtp_frozen``, ``mtp_online``. The A/Bs
 committed before 2026-11-25 named the default ``sam_group`` and own-text-only ``sam``.
 
 The report reads what each run logged (its ``metrics.jsonl`` and rollout timelines); it computes no metric the

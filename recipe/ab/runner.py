@@ -25,6 +25,7 @@ MODES: dict[str, list[str]] = {  # mode name -> the Hydra overrides that select 
     "suffix": ["spec=suffix"],  # Arctic Inference's suffix decoding, as vLLM ships it
     "sam": ["spec=sam"],  # the recipe's default drafter (configs/spec/sam.yaml: own text, siblings, earlier epochs)
     "sam_own": ["spec=sam", "spec.sam.group_sharing=false", "spec.sam.cross_epoch=false"],  # own text only
+    "sam_every": ["spec=sam", "spec.sam.payoff=false"],  # the default without the payoff rule: every draft it finds
     "mtp_frozen": ["spec=mtp", "spec.mtp.train=frozen"],
     "mtp_online": ["spec=mtp", "spec.mtp.train=online"],
 }
