@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -78,12 +79,11 @@ BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")  # the x86 instructions vLLM CPU's 
 
 
 def slow_bfloat16_cpu(cpuinfo: str | None = None) -> bool:
-    """Whether this CPU lacks native bfloat16 matmuls (x86 without AVX512-BF16 or AMX). There vLLM CPU emulates them:
-    SmolLM2-135M sampled 37 tokens/s in bfloat16 against 135 in float32 on an AVX2-only EPYC
-    (results/real/README.md, "bfloat16 on a CPU without it")."""
+    """Whether this CPU lacks native bfloat16 matmuls (x86 without AVX512-BF16 or AMX). There vLLM CPU emulates them
+    and samples several times slower than in float32 (results/real/dtype.md)."""
     if cpuinfo is None:
         try:
-            cpuinfo = open("/proc/cpuinfo").read()
+            cpuinfo = Path("/proc/cpuinfo").read_text()
         except OSError:
             return False
     flags = {f for line in cpuinfo.splitlines() if line.startswith("flags") for f in line.split(":", 1)[1].split()}
@@ -180,8 +180,8 @@ def make_llm(
         kwargs["additional_config"] = additional_config
     if options.dtype == "bfloat16" and not on_gpu() and slow_bfloat16_cpu():
         logging.getLogger(__name__).warning(
-            "bfloat16 engine on a CPU without AVX512-BF16 or AMX: vLLM emulates bfloat16 matmuls here and samples about "
-            "3-4x slower than in float32; set actor_rollout_ref.rollout.dtype=float32"
+            "bfloat16 engine on a CPU without AVX512-BF16 or AMX: vLLM emulates bfloat16 matmuls here and samples several "
+            "times slower than in float32 (results/real/dtype.md); set actor_rollout_ref.rollout.dtype=float32"
         )
     llm = LLM(**kwargs)
     llm.llm_engine.logger_manager.stat_loggers.append(SpecCounterLogger())
