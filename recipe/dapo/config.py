@@ -84,8 +84,8 @@ def validate(cfg: DictConfig) -> None:
         _require(
             find_spec("arctic_inference") is not None,
             "spec.method",
-            "suffix needs Arctic Inference's suffix trees: pip install arctic-inference==0.3.0 (the cpu and gpu extras "
-            "install it)",
+            "suffix needs Arctic Inference's suffix trees: make install-suffix (builds arctic-inference 0.3.0 from "
+            "source; the gpu extra installs it)",
         )
     if spec.method == "sam":
         from sam.policy import SAMOptions

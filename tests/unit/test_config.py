@@ -98,6 +98,18 @@ def test_bad_values_fail_before_work_naming_the_key(override, key):
         validate(config(override))
 
 
+def test_spec_suffix_without_arctic_inference_names_the_make_target(monkeypatch):
+    """`make demo` installs no arctic-inference (it builds from source; only spec=suffix drafts with it): a suffix
+    run on such an install stops at start and says how to add it. None in sys.modules is how Python marks a module
+    that cannot be imported."""
+    import sys
+
+    validate(config("spec=suffix"))
+    monkeypatch.setitem(sys.modules, "arctic_inference", None)
+    with pytest.raises(ConfigError, match=r"spec\.method: .*make install-suffix"):
+        validate(config("spec=suffix"))
+
+
 def test_sam_history_bound_must_hold_one_full_length_response():
     """A per-prompt history bound under one response of data.max_response_length (plus the lead tokens and the
     separator stored with it) would keep no history at all: an error naming the key, at the exact boundary."""
