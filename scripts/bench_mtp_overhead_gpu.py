@@ -28,20 +28,13 @@ from torch.autograd import DeviceType
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from mtp.loss import masked_ce, mtp_targets, roll_packed  # noqa: E402
 from mtp.model import MiMoConfig, MiMoForCausalLM  # noqa: E402
+from recipe.models import BUILTIN_SHAPES  # noqa: E402
 
-SHAPES = {
-    "smollm2-135m-instruct": dict(
-        vocab_size=49152,
-        hidden_size=576,
-        intermediate_size=1536,
-        num_hidden_layers=30,
-        num_attention_heads=9,
-        num_key_value_heads=3,
-        rms_norm_eps=1e-5,
-        rope_theta=100000.0,
-        tie_word_embeddings=True,
+SHAPES = {  # MiMoConfig.from_hf_dict keeps the fields the MiMo model has
+    **{name: MiMoConfig.from_hf_dict(shape) for name, shape in BUILTIN_SHAPES.items()},
+    "tiny": MiMoConfig(
+        vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2
     ),
-    "tiny": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2),
 }
 
 
@@ -136,7 +129,7 @@ def main() -> None:
         raise SystemExit(f"--fractions {args.fractions}: each must be in (0, 1]")
 
     torch.manual_seed(0)
-    cfg = MiMoConfig(**SHAPES[args.model], num_nextn_predict_layers=1)
+    cfg = SHAPES[args.model]
     model = MiMoForCausalLM(cfg).to(args.device)
     model.init_weights(0)
     mtp_params = list(model.model.mtp_layers.parameters())

@@ -20,24 +20,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-SMOLLM2_135M = dict(  # config.json of the converted checkpoint (recipe/models.py), weights aside
-    vocab_size=49152,
-    hidden_size=576,
-    intermediate_size=1536,
-    num_hidden_layers=30,
-    num_attention_heads=9,
-    num_key_value_heads=3,
-    head_dim=64,
-    rms_norm_eps=1e-5,
-    rope_theta=100000.0,
-    max_position_embeddings=8192,
-    tie_word_embeddings=True,
-)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from recipe.models import BUILTIN_SHAPES  # noqa: E402
+
+SMOLLM2_135M = BUILTIN_SHAPES["smollm2-135m-instruct"]
 
 
 class GraphDecoder:

