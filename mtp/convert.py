@@ -65,9 +65,11 @@ def _split_qkv(qkv: torch.Tensor, cfg: MiMoConfig) -> tuple[torch.Tensor, torch.
     return q.reshape(-1, *qkv.shape[1:]), k.reshape(-1, *qkv.shape[1:]), v.reshape(-1, *qkv.shape[1:])
 
 
-def _layer_to_megatron(prefix: str, hf: dict[str, torch.Tensor], out_prefix: str, cfg: MiMoConfig, out: dict) -> None:
-    for src, dst in _LAYER.items():
-        out[out_prefix + dst] = hf[prefix + src]
+def _layer_to_megatron(prefix: str, out_prefix: str, cfg: MiMoConfig, out: dict, src: dict[str, torch.Tensor]) -> None:
+    """Decoder layer ``prefix`` of an HF MiMo state dict ``src`` into ``out`` under Megatron's ``out_prefix``."""
+    hf = src
+    for name, dst in _LAYER.items():
+        out[out_prefix + dst] = hf[prefix + name]
     for part in ("weight", "bias"):
         q, k, v = (hf[f"{prefix}self_attn.{p}_proj.{part}"] for p in "qkv")
         out[f"{out_prefix}self_attention.linear_qkv.{part}"] = _fuse_qkv(q, k, v, cfg)
@@ -75,9 +77,11 @@ def _layer_to_megatron(prefix: str, hf: dict[str, torch.Tensor], out_prefix: str
     out[out_prefix + "mlp.linear_fc1.weight"] = torch.cat([gate, up], dim=0)
 
 
-def _layer_to_hf(prefix: str, mc: dict[str, torch.Tensor], out_prefix: str, cfg: MiMoConfig, out: dict) -> None:
-    for dst, src in _LAYER.items():
-        out[out_prefix + dst] = mc[prefix + src]
+def _layer_to_hf(prefix: str, out_prefix: str, cfg: MiMoConfig, out: dict, src: dict[str, torch.Tensor]) -> None:
+    """Decoder layer ``prefix`` of a Megatron state dict ``src`` into ``out`` under HF MiMo's ``out_prefix``."""
+    mc = src
+    for dst, name in _LAYER.items():
+        out[out_prefix + dst] = mc[prefix + name]
     for part in ("weight", "bias"):
         q, k, v = _split_qkv(mc[f"{prefix}self_attention.linear_qkv.{part}"], cfg)
         for name, t in zip("qkv", (q, k, v), strict=True):
@@ -85,38 +89,6 @@ def _layer_to_hf(prefix: str, mc: dict[str, torch.Tensor], out_prefix: str, cfg:
     gate, up = mc[prefix + "mlp.linear_fc1.weight"].chunk(2, dim=0)
     out[out_prefix + "mlp.gate_proj.weight"] = gate
     out[out_prefix + "mlp.up_proj.weight"] = up
-
-
-def mimo_to_megatron(hf: dict[str, torch.Tensor], cfg: MiMoConfig) -> dict[str, torch.Tensor]:
-    """HF MiMo state dict -> Megatron-core GPT + MTP names and layouts."""
-    hf = _Tracked(hf)
-    out = {dst: hf[src] for src, dst in _TOP.items()}
-    for i in range(cfg.num_hidden_layers):
-        _layer_to_megatron(f"model.layers.{i}.", hf, f"decoder.layers.{i}.", cfg, out)
-    for k in range(cfg.num_nextn_predict_layers):
-        src, dst = f"model.mtp_layers.{k}.", f"mtp.layers.{k}."
-        _layer_to_megatron(src, hf, dst + "transformer_layer.", cfg, out)
-        for hf_norm, mc_norm in _MTP_NORMS.items():
-            out[f"{dst}{mc_norm}.weight"] = hf[f"{src}{hf_norm}.weight"]
-        out[dst + "eh_proj.weight"] = swap_halves(hf[src + "input_proj.weight"])
-    _check_consumed(hf, "HF MiMo")
-    return out
-
-
-def megatron_to_mimo(mc: dict[str, torch.Tensor], cfg: MiMoConfig) -> dict[str, torch.Tensor]:
-    """Megatron-core GPT + MTP state dict -> HF MiMo names and layouts (what vLLM and transformers load)."""
-    mc = _Tracked(mc)
-    out = {src: mc[dst] for src, dst in _TOP.items()}
-    for i in range(cfg.num_hidden_layers):
-        _layer_to_hf(f"decoder.layers.{i}.", mc, f"model.layers.{i}.", cfg, out)
-    for k in range(cfg.num_nextn_predict_layers):
-        src, dst = f"mtp.layers.{k}.", f"model.mtp_layers.{k}."
-        _layer_to_hf(src + "transformer_layer.", mc, dst, cfg, out)
-        for hf_norm, mc_norm in _MTP_NORMS.items():
-            out[f"{dst}{hf_norm}.weight"] = mc[f"{src}{mc_norm}.weight"]
-        out[dst + "input_proj.weight"] = swap_halves(mc[src + "eh_proj.weight"])
-    _check_consumed(mc, "Megatron")
-    return out
 
 
 class _Tracked(dict):
@@ -138,6 +110,42 @@ def _check_consumed(src: _Tracked, layout: str) -> None:
             f"{layout} state dict has {len(unmapped)} tensor(s) the config does not account for, e.g. "
             f"{unmapped[:4]}; check num_hidden_layers / num_nextn_predict_layers"
         )
+
+
+def _convert(src: dict[str, torch.Tensor], cfg: MiMoConfig, to_megatron: bool) -> dict[str, torch.Tensor]:
+    """One walk over every tensor of both layouts, read from ``src``'s side (HF MiMo names when ``to_megatron``)."""
+    src = _Tracked(src)
+    layer = _layer_to_megatron if to_megatron else _layer_to_hf
+
+    def pair(hf_name: str, mc_name: str) -> tuple[str, str]:  # (read, write)
+        return (hf_name, mc_name) if to_megatron else (mc_name, hf_name)
+
+    out = {}
+    for hf_name, mc_name in _TOP.items():
+        read, write = pair(hf_name, mc_name)
+        out[write] = src[read]
+    for i in range(cfg.num_hidden_layers):
+        layer(*pair(f"model.layers.{i}.", f"decoder.layers.{i}."), cfg=cfg, out=out, src=src)
+    for k in range(cfg.num_nextn_predict_layers):
+        hf_mtp, mc_mtp = f"model.mtp_layers.{k}.", f"mtp.layers.{k}."
+        layer(*pair(hf_mtp, mc_mtp + "transformer_layer."), cfg=cfg, out=out, src=src)
+        for hf_norm, mc_norm in _MTP_NORMS.items():
+            read, write = pair(f"{hf_mtp}{hf_norm}.weight", f"{mc_mtp}{mc_norm}.weight")
+            out[write] = src[read]
+        read, write = pair(hf_mtp + "input_proj.weight", mc_mtp + "eh_proj.weight")
+        out[write] = swap_halves(src[read])
+    _check_consumed(src, "HF MiMo" if to_megatron else "Megatron")
+    return out
+
+
+def mimo_to_megatron(hf: dict[str, torch.Tensor], cfg: MiMoConfig) -> dict[str, torch.Tensor]:
+    """HF MiMo state dict -> Megatron-core GPT + MTP names and layouts."""
+    return _convert(hf, cfg, to_megatron=True)
+
+
+def megatron_to_mimo(mc: dict[str, torch.Tensor], cfg: MiMoConfig) -> dict[str, torch.Tensor]:
+    """Megatron-core GPT + MTP state dict -> HF MiMo names and layouts (what vLLM and transformers load)."""
+    return _convert(mc, cfg, to_megatron=False)
 
 
 def load_megatron_state(path: str | Path) -> dict[str, torch.Tensor]:
