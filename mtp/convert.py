@@ -65,9 +65,8 @@ def _split_qkv(qkv: torch.Tensor, cfg: MiMoConfig) -> tuple[torch.Tensor, torch.
     return q.reshape(-1, *qkv.shape[1:]), k.reshape(-1, *qkv.shape[1:]), v.reshape(-1, *qkv.shape[1:])
 
 
-def _layer_to_megatron(prefix: str, out_prefix: str, cfg: MiMoConfig, out: dict, src: dict[str, torch.Tensor]) -> None:
-    """Decoder layer ``prefix`` of an HF MiMo state dict ``src`` into ``out`` under Megatron's ``out_prefix``."""
-    hf = src
+def _layer_to_megatron(prefix: str, out_prefix: str, cfg: MiMoConfig, out: dict, hf: dict[str, torch.Tensor]) -> None:
+    """Decoder layer ``prefix`` of an HF MiMo state dict ``hf`` into ``out`` under Megatron's ``out_prefix``."""
     for name, dst in _LAYER.items():
         out[out_prefix + dst] = hf[prefix + name]
     for part in ("weight", "bias"):
@@ -77,9 +76,8 @@ def _layer_to_megatron(prefix: str, out_prefix: str, cfg: MiMoConfig, out: dict,
     out[out_prefix + "mlp.linear_fc1.weight"] = torch.cat([gate, up], dim=0)
 
 
-def _layer_to_hf(prefix: str, out_prefix: str, cfg: MiMoConfig, out: dict, src: dict[str, torch.Tensor]) -> None:
-    """Decoder layer ``prefix`` of a Megatron state dict ``src`` into ``out`` under HF MiMo's ``out_prefix``."""
-    mc = src
+def _layer_to_hf(prefix: str, out_prefix: str, cfg: MiMoConfig, out: dict, mc: dict[str, torch.Tensor]) -> None:
+    """Decoder layer ``prefix`` of a Megatron state dict ``mc`` into ``out`` under HF MiMo's ``out_prefix``."""
     for dst, name in _LAYER.items():
         out[out_prefix + dst] = mc[prefix + name]
     for part in ("weight", "bias"):
@@ -125,10 +123,10 @@ def _convert(src: dict[str, torch.Tensor], cfg: MiMoConfig, to_megatron: bool) -
         read, write = pair(hf_name, mc_name)
         out[write] = src[read]
     for i in range(cfg.num_hidden_layers):
-        layer(*pair(f"model.layers.{i}.", f"decoder.layers.{i}."), cfg=cfg, out=out, src=src)
+        layer(*pair(f"model.layers.{i}.", f"decoder.layers.{i}."), cfg, out, src)
     for k in range(cfg.num_nextn_predict_layers):
         hf_mtp, mc_mtp = f"model.mtp_layers.{k}.", f"mtp.layers.{k}."
-        layer(*pair(hf_mtp, mc_mtp + "transformer_layer."), cfg=cfg, out=out, src=src)
+        layer(*pair(hf_mtp, mc_mtp + "transformer_layer."), cfg, out, src)
         for hf_norm, mc_norm in _MTP_NORMS.items():
             read, write = pair(f"{hf_mtp}{hf_norm}.weight", f"{mc_mtp}{mc_norm}.weight")
             out[write] = src[read]
