@@ -245,7 +245,13 @@ def cpu_actor_engine(checkpoint: str, train_head: bool, loss_scaling_factor: flo
         model_type="language_model",
         backend="fsdp2",
         model_config=model,
-        engine_config=FSDPEngineConfig(strategy="fsdp2", use_torch_compile=False, model_dtype="fp32"),
+        engine_config=FSDPEngineConfig(
+            strategy="fsdp2",
+            use_torch_compile=False,
+            model_dtype="fp32",
+            # computes in float32 as configs/dapo.yaml's fsdp_config.mixed_precision has it (veRL's default: bfloat16)
+            mixed_precision={"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"},
+        ),
         optimizer_config=optimizer,
         checkpoint_config=CheckpointConfig(),
     )

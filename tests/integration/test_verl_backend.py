@@ -184,7 +184,9 @@ def test_cpu_dry_run_sets_what_verl_needs_on_the_cpu(inputs):
     assert v.trainer.device == "cpu" and v.ray_kwargs.ray_init.num_gpus == 2
     assert v.actor_rollout_ref.actor.strategy == "fsdp2" and v.actor_rollout_ref.rollout.enable_sleep_mode is False
     assert v.actor_rollout_ref.model.override_config.attn_implementation == "sdpa"
-    assert v.actor_rollout_ref.actor.fsdp_config.dtype == v.actor_rollout_ref.rollout.dtype == "float32"
+    # veRL's FSDP engine computes in mixed_precision.param_dtype (bfloat16 when unset), not in fsdp_config.dtype
+    assert v.actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype == v.actor_rollout_ref.rollout.dtype
+    assert v.actor_rollout_ref.rollout.dtype == "float32"
 
 
 @pytest.mark.parametrize("script", SHELL_SCRIPTS, ids=lambda p: p.name)

@@ -204,6 +204,14 @@ def test_spec_off_runs_with_no_drafts_in_the_servers_timeline(harness_model, tmp
     assert row["rollout/throughput_tok_s"] > 0 and row["response_length/mean"] < MAX_RESPONSE
     assert row["rollout/tokens_per_request_step"] == 1.0  # one token per request per engine step
     assert row["rollout/spec_accept_length"] == 1.0 and row["rollout/spec_draft_acceptance_rate"] == 0.0
+    assert_actor_computes_as_the_rollout_samples(row)
+
+
+def assert_actor_computes_as_the_rollout_samples(row: dict) -> None:
+    """The actor's log-probs of the step's responses, before its update, are the servers' (both float32): veRL's FSDP
+    engine computes in ``fsdp_config.mixed_precision.param_dtype``, bfloat16 when unset, and then differed from the
+    rollout's probabilities by 0.004-0.05 at most per token."""
+    assert row["training/rollout_probs_diff_max"] < 1e-3, row["training/rollout_probs_diff_max"]
 
 
 def test_verl_trainer_runs_dapo_on_the_real_model_with_sam(tmp_path, verl_job):
@@ -229,3 +237,4 @@ def test_verl_trainer_runs_dapo_on_the_real_model_with_sam(tmp_path, verl_job):
     assert [row["step"] for row in rows] == [1]
     assert all(np.isfinite(row["actor/pg_loss"]) and row["response_length/mean"] > 0 for row in rows)
     assert "val-core/word_problems/acc/mean@4" in rows[-1]
+    assert_actor_computes_as_the_rollout_samples(rows[0])
