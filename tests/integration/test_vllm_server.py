@@ -12,6 +12,7 @@ also when an assertion fails.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -51,23 +52,19 @@ def _post(url: str, body: dict) -> dict:
         raise AssertionError(f"{url} answered {err.code}: {err.read().decode()[:2000]}") from err
 
 
-@pytest.fixture(scope="module")
-def server(harness_model, tmp_path_factory):
-    """A vLLM API server over the harness model drafting with SAM (every draft its match rules give), its timeline
-    directory and base URL."""
-    timeline_dir = tmp_path_factory.mktemp("server_timeline")
-    log_path = timeline_dir.parent / "server.log"
-    port = _free_port()
-    spec = speculative_config("sam", 3)
-    sam_options = {"payoff": False}  # the mechanics under test, not the payoff rule's choice to draft
+@contextlib.contextmanager
+def _running_server(model: Path, timeline_dir: Path, *spec_args: str):
+    """A vLLM API server over ``model`` with ``spec_args``, writing its timeline to ``timeline_dir``: its base URL.
+    The whole process group is killed and its /dev/shm entries removed afterwards."""
     from mtp.checkpoint import tokenizer_path
 
+    log_path = timeline_dir.parent / f"{timeline_dir.name}.log"
+    port = _free_port()
     cmd = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(harness_model),
-        "--tokenizer", tokenizer_path(str(harness_model)), "--host", "127.0.0.1", "--port", str(port),
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+        "--tokenizer", tokenizer_path(str(model)), "--host", "127.0.0.1", "--port", str(port),
         "--dtype", "float32", "--enforce-eager", "--max-model-len", "256", "--gpu-memory-utilization", "0.05",
-        "--seed", "0", "--speculative-config", json.dumps(spec),
-        "--additional-config", json.dumps({"sam": sam_options}),
+        "--seed", "0", *spec_args,
     ]  # fmt: skip
     env = {**os.environ, TIMELINE_DIR_ENV: str(timeline_dir), "VLLM_CPU_KVCACHE_SPACE": "1"}
     shm_before = shm_entries()
@@ -86,7 +83,7 @@ def server(harness_model, tmp_path_factory):
                 if time.monotonic() > deadline:
                     pytest.fail(f"vLLM server not up in {START_TIMEOUT_S}s:\n{log_path.read_text()[-4000:]}")
                 time.sleep(2)
-        yield base, timeline_dir, str(harness_model)
+        yield base
     finally:
         try:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -95,6 +92,18 @@ def server(harness_model, tmp_path_factory):
         proc.wait()
         for name in shm_entries() - shm_before:
             Path("/dev/shm", name).unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="module")
+def server(harness_model, tmp_path_factory):
+    """A vLLM API server over the harness model drafting with SAM (every draft its match rules give), its timeline
+    directory and base URL."""
+    timeline_dir = tmp_path_factory.mktemp("server_timeline")
+    spec = speculative_config("sam", 3)
+    sam_options = {"payoff": False}  # the mechanics under test, not the payoff rule's choice to draft
+    spec_args = ("--speculative-config", json.dumps(spec), "--additional-config", json.dumps({"sam": sam_options}))
+    with _running_server(harness_model, timeline_dir, *spec_args) as base:
+        yield base, timeline_dir, str(harness_model)
 
 
 def _prompt_ids(model: str) -> list[list[int]]:
@@ -149,3 +158,16 @@ def test_requesting_logprobs_does_not_turn_drafting_off(server):
         assert sum(r["accepted_tokens"] for r in rows) > 0
     drafted = [sum(r["draft_tokens"] for r in rows) for rows in (plain_rows, scored_rows)]
     assert drafted[1] >= drafted[0] // 2, f"drafting fell from {drafted[0]} to {drafted[1]} tokens with logprobs"
+
+
+def test_without_speculation_the_timeline_has_one_token_per_request_step_and_no_drafts(harness_model, tmp_path):
+    """spec=off (veRL's servers with no speculative config): every engine step emits exactly one token per active
+    request, which is what makes the rollout's tokens per request-step 1.0 and its acceptance length 1.0."""
+    timeline_dir = tmp_path / "server_timeline"
+    timeline_dir.mkdir()
+    with _running_server(harness_model, timeline_dir) as base:
+        _, rows = _drafting_of_one_request((base, timeline_dir, str(harness_model)), logprobs=None)
+    decoding = [r for r in rows if r["tokens"] > 0]
+    assert decoding and max(r["active"] for r in rows) == PROMPTS
+    assert all(r["drafts"] == r["draft_tokens"] == r["accepted_tokens"] == 0 for r in rows)
+    assert all(r["tokens"] == r["active"] for r in decoding if not r["finished"]), decoding[:5]

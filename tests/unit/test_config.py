@@ -1,5 +1,6 @@
 """The recipe's config: composition, veRL's keys, named errors for bad values, before any work starts."""
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -28,13 +29,18 @@ def test_every_key_the_recipe_sets_outside_its_groups_is_a_verl_key():
     import verl
     import yaml
     from hydra.core.global_hydra import GlobalHydra
+    from verl.workers.config import FSDPEngineConfig
 
     from recipe.dapo.config import RECIPE_GROUPS, has_key, leaves
 
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(Path(verl.__file__).parent / "trainer" / "config"), version_base=None):
         verl_cfg = compose(config_name="ppo_trainer")
-    passed_through = ("reward.reward_kwargs",)  # veRL hands these to the reward manager as they are
+    # veRL hands reward_kwargs to the reward manager as they are; mixed_precision is a dict field of its
+    # FSDPEngineConfig, absent from its yaml, of which its FSDP engine reads three keys
+    mixed = "actor_rollout_ref.actor.fsdp_config.mixed_precision."
+    passed_through = ("reward.reward_kwargs", mixed)
+    assert "mixed_precision" in {f.name for f in dataclasses.fields(FSDPEngineConfig)}
 
     recipe = yaml.safe_load((REPO / "configs" / "dapo.yaml").read_text())
     veRL_sections = {k: v for k, v in recipe.items() if k not in ("hydra", "defaults", *RECIPE_GROUPS)}
@@ -42,6 +48,8 @@ def test_every_key_the_recipe_sets_outside_its_groups_is_a_verl_key():
     assert len(set_keys) > 50
     unknown = [k for k in set_keys if not k.startswith(passed_through) and not has_key(verl_cfg, k)]
     assert not unknown, f"not veRL keys: {unknown}"
+    precision = {k.removeprefix(mixed) for k in set_keys if k.startswith(mixed)}
+    assert precision == {"param_dtype", "reduce_dtype", "buffer_dtype"}, precision
 
 
 @pytest.mark.parametrize("spec", ["off", "ngram", "suffix", "sam", "mtp"])
