@@ -5,6 +5,9 @@ whichever vLLM this environment has (``make test-compat`` runs it on every versi
   step, with the step's drafted and accepted tokens.
 - Drafting stays on when a request asks for log-probabilities (vLLM issue 34497 reports speculation silently off
   then; veRL's rollouts can ask for them): a request with ``logprobs`` drafts and accepts as one without does.
+- Without a speculative config (spec=off) every engine step emits one token per active request and drafts nothing:
+  the rollout metrics of a spec=off run (1.0 tokens per request-step) rest on this, checked here instead of in a veRL
+  launch of its own.
 
 The server runs in its own session; the test kills the whole group and removes the /dev/shm entries it made,
 also when an assertion fails.
