@@ -88,6 +88,11 @@ def run_to_end(args: list[str], job: str, timeout_s: float = 900) -> None:
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
 
 
+def logged_rows(out: Path) -> list[dict]:
+    """The run's metrics.jsonl, one dict a step."""
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
 # every draft SAM's rules give: the test checks that SAM drafts inside veRL's servers and vLLM accepts them; under the
 # payoff rule the harness model's drafts do not pay at this size, and it would (rightly) send almost none
 SAM_DRAFTS = ("spec.sam.payoff=false",)
@@ -120,7 +125,7 @@ def test_verl_trainer_runs_dapo_with_sam_and_resumes_after_kill_9(harness_model,
 
         # the killed launcher's job trains on until the relaunch ends it: when it saved a step and was ended before
         # logging it, the relaunch runs that step again (run_dir.rewind_to_logged_checkpoint), so no row is missing
-        history = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        history = logged_rows(out)
         assert [row["step"] for row in history] == list(range(STEPS + 1))
         resumed_from = sorted(int(p.stem.rsplit("_", 1)[1]) for p in out.glob("tracking_from_step_*.jsonl"))
         assert resumed_from[0] == 0 and resumed_from[-1] >= 1  # the relaunch continued from a saved step
@@ -150,7 +155,7 @@ def test_verl_trainer_runs_dapo_with_sam_and_resumes_after_kill_9(harness_model,
 
 
 def mean_acceptance(out: Path) -> float:
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = logged_rows(out)
     rates = [row["rollout/spec_draft_acceptance_rate"] for row in rows if "rollout/spec_draft_acceptance_rate" in row]
     assert rates, f"no step of {out} logged an acceptance rate"
     return sum(rates) / len(rates)
@@ -184,7 +189,7 @@ def test_two_replicas_keep_each_prompt_on_one_server_and_mtp_drafts_with_the_che
                          capture_output=True, text=True, timeout=600)  # fmt: skip
     assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
     verl_rate, local_rate = mean_acceptance(out), mean_acceptance(local)
-    for row in (json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()):
+    for row in logged_rows(out):
         assert_actor_computes_as_the_rollout_samples(row)
     assert local_rate > 0.15 and 0.5 * local_rate < verl_rate < 2.0 * local_rate, (verl_rate, local_rate)
 
@@ -196,7 +201,7 @@ def test_online_mtp_on_the_fsdp_actor_trains_the_head_and_syncs_it_to_the_server
     out = tmp_path / "verl"
     run_to_end(launch_args(harness_model, out, "spec.mtp.train=online", *short_run(2), spec="mtp"), verl_job)
     assert OmegaConf.load(out / "verl_config.yaml").actor_rollout_ref.rollout.load_format == "dummy"
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = logged_rows(out)
     trained = [row for row in rows if "actor/mtp/loss" in row]  # veRL prefixes the actor's metrics
     assert [row["step"] for row in trained] == [1, 2]
     assert all(0 < row["actor/mtp/loss"] < 10 and 0 < row["actor/mtp/acc"] <= 1 for row in trained)
@@ -232,7 +237,7 @@ def test_verl_trainer_runs_dapo_on_the_real_model_with_sam(tmp_path, verl_job):
         f"trainer.default_local_dir={out}",
     ]  # fmt: skip
     run_to_end(args, verl_job, timeout_s=1500)
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = logged_rows(out)
     assert [row["step"] for row in rows] == [1]
     assert all(np.isfinite(row["actor/pg_loss"]) and row["response_length/mean"] > 0 for row in rows)
     assert "val-core/word_problems/acc/mean@4" in rows[-1]
