@@ -20,7 +20,9 @@ def sft_config(**overrides):
     return cfg
 
 
-USER_RUNS = REPO_ROOT / "runs"  # configs/dapo.yaml's trainer.default_local_dir and the A/B's runs live here
+# the default output directories: configs/dapo.yaml's trainer.default_local_dir and the A/B's runs, and Hydra's
+# default run directory, which the configs replace (a launch that wrote there would clutter the user's clone)
+USER_OUTPUTS = (REPO_ROOT / "runs", REPO_ROOT / "outputs")
 
 
 def _listing(root: Path) -> dict[str, int]:
@@ -28,13 +30,14 @@ def _listing(root: Path) -> dict[str, int]:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def users_runs_are_left_alone():
-    """No test writes the user's runs/: ``make demo`` fills it before ``make test`` on a new clone, and a test that
-    used the default run directory resumed from the demo's checkpoint there."""
-    before = _listing(USER_RUNS)
+def users_outputs_are_left_alone():
+    """No test writes the user's runs/ (or outputs/): ``make demo`` fills it before ``make test`` on a new clone, and a
+    test that used the default run directory resumed from the demo's checkpoint there."""
+    before = {root: _listing(root) for root in USER_OUTPUTS}
     yield
-    changed = sorted(set(_listing(USER_RUNS).items()) ^ set(before.items()))
-    assert not changed, f"tests wrote the user's {USER_RUNS}: {changed[:10]}"
+    for root in USER_OUTPUTS:
+        changed = sorted(set(_listing(root).items()) ^ set(before[root].items()))
+        assert not changed, f"tests wrote the user's {root}: {changed[:10]}"
 
 
 @pytest.fixture(scope="session")
