@@ -22,8 +22,15 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from mtp.head_training import OBJECTIVES  # noqa: E402
 
+# what mtp.head_training.train_head minimises under each objective (the left panel, the report's loss)
+LOSS_NAMES = {
+    "distill": "CE against the target's distribution",
+    "acceptance": "-sum(min(p, q))",
+    "sampled": "CE of the sampled token",
+}
 
-def plot(history: list[dict], path: Path) -> None:
+
+def plot(history: list[dict], objective: str, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -32,7 +39,11 @@ def plot(history: list[dict], path: Path) -> None:
     fig, ax = plt.subplots(1, 2, figsize=(9, 3.2))
     steps = [h["step"] for h in history]
     ax[0].plot(steps, [h["loss"] for h in history])
-    ax[0].set(xlabel="step", ylabel="MTP CE (response tokens)", yscale="log", title="head training, trunk frozen")
+    positive = all(h["loss"] > 0 for h in history)
+    ax[0].set(
+        xlabel="step", ylabel=LOSS_NAMES[objective], yscale="log" if positive else "linear",
+        title="head training, trunk frozen",
+    )  # fmt: skip
     ax[1].plot(steps, [h["acc"] for h in history], label="top-1 = sampled token")
     ax[1].plot(steps, [h["expected_acceptance"] for h in history], label="sum(min(p, q))")
     ax[1].legend()
@@ -125,6 +136,7 @@ def main() -> None:
         "last_acc": sum(h["acc"] for h in history[-10:]) / min(10, len(history)),
         "last_expected_acceptance": sum(h["expected_acceptance"] for h in history[-10:]) / min(10, len(history)),
         "acceptance_ceiling": ceiling,
+        "history": history,  # per step: loss, top-1 accuracy, expected acceptance on the batch, seconds
     }
     for method in ("greedy", "probabilistic"):
         report[f"after_{method}"] = mtp_acceptance(
@@ -135,7 +147,7 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "mtp_graft.json").write_text(json.dumps(report, indent=2))
-    plot(history, out / "mtp_graft.png")
+    plot(history, args.objective, out / "mtp_graft.png")
     b, a, ap = report["before"], report["after_greedy"], report["after_probabilistic"]
     lines = [
         f"# An MTP head grafted onto {args.model}",
@@ -148,7 +160,7 @@ def main() -> None:
         "",
         f"Head data: {report['samples']['responses']} responses the model sampled itself at T=1 on train prompts "
         f"({report['samples']['response_tokens']} response tokens, {report['samples']['seconds']:.0f} s). Training: "
-        f"{report['training']['steps']} steps, {report['training']['seconds']:.0f} s, MTP CE "
+        f"{report['training']['steps']} steps, {report['training']['seconds']:.0f} s, loss ({LOSS_NAMES[args.objective]}) "
         f"{report['training']['first_loss']:.2f} -> {report['training']['last_loss']:.2f}. The ceiling of any "
         f"one-token argmax drafter on these samples (the target's own mean top-1 probability for the token it drafts, "
         f"`mtp.head_training.acceptance_ceiling`): {ceiling:.3f}.",
