@@ -244,6 +244,7 @@ class Actor:
             batch.batch["advantages"], batch.batch["returns"] = adv, returns
         sums: dict[str, list[float]] = dict(head_metrics)
         mini_rows = actor.ppo_mini_batch_size * n
+        mtp_fraction = float(cfg.spec.mtp.loss_token_fraction) if self.mtp_online else 1.0
         with timed(timing, "update_actor"):
             for _ in range(actor.ppo_epochs):
                 for m0 in range(0, len(batch), mini_rows):
@@ -256,9 +257,8 @@ class Actor:
                     for u0 in range(0, len(mini), micro):
                         mb = mini[u0 : u0 + micro]
                         out = forward_rows(
-                            self.policy, mb, temperature, with_mtp=self.mtp_online,
-                            mtp_fraction=float(cfg.spec.mtp.loss_token_fraction),
-                        )  # fmt: skip
+                            self.policy, mb, temperature, with_mtp=self.mtp_online, mtp_fraction=mtp_fraction
+                        )
                         mask = mb.batch["response_mask"]
                         pg_loss, pg_metrics = self.policy_loss(
                             mb.batch["old_log_probs"], out.log_probs, mb.batch["advantages"], mask
