@@ -96,7 +96,7 @@ def logged_rows(out: Path) -> list[dict]:
 
 # the checkpoint's head, which the servers load (load_format=auto): a random head accepts 0.7% of the drafts
 FROZEN_MTP = ("spec.mtp.train=frozen",)
-HEAD_ACCEPTANCE = 0.15  # the harness model's trained head accepts 0.25-0.35
+HEAD_ACCEPTANCE = 0.15  # the harness model's head accepted 0.40-0.49 of its drafts in two-step runs here
 
 
 def test_verl_trainer_runs_dapo_with_a_frozen_mtp_head_and_resumes_after_kill_9(harness_model, tmp_path):
