@@ -101,6 +101,10 @@ def run_modes(name: str, modes: list[str], overrides: list[str], runs_root: Path
                 f"trainer.total_training_steps={end}",
                 f"actor_rollout_ref.actor.optim.total_training_steps={steps}",  # the whole run's lr schedule
                 f"trainer.default_local_dir={run_dir}",
+                # Hydra's copy of the composed config, which the tables read (recipe.ab.render; the recipe's own
+                # runs keep none)
+                f"hydra.run.dir={run_dir}/hydra",
+                "hydra.output_subdir=.hydra",
                 f"trainer.experiment_name={mode}",
                 "trainer.resume_mode=auto",
             ]
