@@ -163,16 +163,18 @@ def train_head(
             )[0]
             with torch.no_grad():  # the target's own distribution of token t+2: its output at t+1
                 teacher = torch.softmax(model.lm_head(model.model.norm(c.hidden[c.train_at + 1])).float(), dim=-1)
-                drafted = torch.softmax(logits.detach(), dim=-1)
-                accept = torch.minimum(teacher, drafted).sum(-1).mean()  # a probabilistic draft's acceptance at T=1
-            if objective == "distill":
-                loss = -(teacher * torch.log_softmax(logits.float(), dim=-1)).sum(-1).mean()
-                acc = (logits.argmax(-1) == c.targets).float().mean()
-            elif objective == "acceptance":
-                loss = -torch.minimum(teacher, torch.softmax(logits.float(), dim=-1)).sum(-1).mean()
-                acc = (logits.argmax(-1) == c.targets).float().mean()
-            else:
+            # a probabilistic draft's acceptance at T=1 per position: logged for every objective, the loss of one
+            with torch.set_grad_enabled(objective == "acceptance"):
+                accepted = torch.minimum(teacher, torch.softmax(logits.float(), dim=-1)).sum(-1)
+            accept = accepted.detach().mean()
+            if objective == "sampled":
                 loss, acc = masked_ce(logits, c.targets, torch.ones_like(c.targets))
+            else:
+                if objective == "distill":
+                    loss = -(teacher * torch.log_softmax(logits.float(), dim=-1)).sum(-1).mean()
+                else:
+                    loss = -accepted.mean()
+                acc = (logits.argmax(-1) == c.targets).float().mean()
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(layers.parameters(), 1.0)

@@ -119,9 +119,10 @@ def main() -> None:
         arrays = [(s.ids, s.response_mask) for s in samples]
         cache.write_bytes(pickle.dumps((arrays, report["samples"])))
     # a fresh graft drafts at chance either way; a head continued from drafts as it will after training
+    before_draft = "probabilistic" if args.init_from else "greedy"
     report["before"] = mtp_acceptance(
         start, eval_prompts, args.eval_n, args.max_tokens, args.seed + 1, dtype=args.dtype,
-        draft_sample_method="probabilistic" if args.init_from else "greedy",
+        draft_sample_method=before_draft,
     )  # fmt: skip
     t0 = time.time()
     trained, history, ceiling = train_head(
@@ -170,7 +171,7 @@ def main() -> None:
         "| head | draft | drafts accepted | tokens/request-step | rollout tokens/s |",
         "|---|---|---|---|---|",
         f"| {'start: ' + args.init_from if args.init_from else 'grafted, untrained'} | "
-        f"{'probabilistic' if args.init_from else 'greedy'} | {b['acceptance']:.3f} | {b['tokens_per_request_step']:.2f} | "
+        f"{before_draft} | {b['acceptance']:.3f} | {b['tokens_per_request_step']:.2f} | "
         f"{b['rollout_tok_s']:.0f} |",
         f"| trained on own samples | greedy (argmax) | {a['acceptance']:.3f} | {a['tokens_per_request_step']:.2f} | "
         f"{a['rollout_tok_s']:.0f} |",
