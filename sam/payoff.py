@@ -13,8 +13,8 @@ a compute-bound CPU, where a drafted token costs about what a request does) noth
 spec off would; where the step is mostly fixed cost (the long tail, a memory-bound GPU) cheap drafts pass.
 
 Both sides are learned online in the proposer, from what vLLM reports anyway:
-- :class:`StepCost`: ``a, b, c, e, f`` by exponentially weighted least squares on the time between consecutive
-  ``propose`` calls (one engine step), its rows and the draft tokens sent for it; ``c`` and ``f`` are pulled
+- :class:`StepCost`: ``a, b, c, e, f`` by exponentially weighted non-negative least squares on the time between
+  consecutive ``propose`` calls (one engine step), its rows and the draft tokens sent for it; ``c`` and ``f`` are pulled
   towards ``b`` (a drafted token, and switching a row to verification, cost what a request's token costs: a
   compute-bound step's price, about what this CPU measures) until drafting data say otherwise, so an engine that
   has not drafted yet does not assume drafts are free. That prior never learns where it is wrong (a step whose
@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import numba as nb
 import numpy as np
+import scipy.linalg
+import scipy.optimize
 
 EXPLORE_UNTIL = 32  # steps with drafts an engine observes before it stops exploring what drafting costs
 EXPLORE_EVERY = 16  # ... on one step in this many
@@ -85,8 +87,8 @@ def features(rows: int, drafted: int) -> np.ndarray:
 
 
 class StepCost:
-    """Seconds of an engine step as ``a + b * rows + c * drafted + (e + f * rows) * (drafted > 0)``, by least
-    squares with exponential forgetting."""
+    """Seconds of an engine step as ``a + b * rows + c * drafted + (e + f * rows) * (drafted > 0)``, by non-negative
+    least squares with exponential forgetting."""
 
     def __init__(self, decay: float = 0.99, prior_steps: float = 0.05) -> None:
         self.decay = decay
@@ -125,11 +127,13 @@ class StepCost:
             + np.outer(fixed_switch, fixed_switch)
         )
         reg += 1e-9 * np.eye(5) * (1.0 + scale)
+        # costs are non-negative: the best non-negative fit, not the free fit clipped (a per-row cost that noise made
+        # negative, clipped to 0, left the fixed cost it had inflated: every step was then priced too dear)
         try:
-            coef = np.linalg.solve(self.xtx + reg, self.xty)
+            chol = np.linalg.cholesky(self.xtx + reg)
         except np.linalg.LinAlgError:
             return
-        self.coef = np.maximum(coef, 0.0)
+        self.coef, _ = scipy.optimize.nnls(chol.T, scipy.linalg.solve_triangular(chol, self.xty, lower=True))
 
     @property
     def known(self) -> bool:

@@ -105,8 +105,11 @@ def test_engine_drafter_receives_the_trained_mtp_head(fp32_engine, harness_model
 def _payoff_state(worker) -> dict:
     """Runs in the vLLM worker: what SAM's payoff rule learned from the engine's own steps."""
     proposer = worker.model_runner.drafter
+    fit = proposer.step_cost
     return {
-        "cost": proposer.step_cost.coef.tolist(),
+        "cost": fit.coef.tolist(),
+        "mean_step_s": float(fit.xty[0] / fit.steps),  # the (decayed) mean of the steps it timed ...
+        "fitted_mean_step_s": float(fit.coef @ (fit.xtx[0] / fit.steps)),  # ... and what its fit says they cost
         "known": proposer.step_cost.known,
         "settled_drafts": proposer.acceptance.observed,
         "drafted_steps": proposer.step_cost.drafted_steps,
@@ -136,9 +139,14 @@ def test_sam_default_learns_its_step_cost_and_acceptance_inside_the_engine(harne
     finally:
         llm.llm_engine.engine_core.shutdown()
     a, b, c, e, f = state["cost"]
-    assert state["known"] and b > 0, state
+    # which of a and b a tiny model's steps show depends on the machine (CI fitted b = 0, this one a = 0, 5% off the
+    # mean through the origin): what must hold is that the fit prices the steps the engine timed
+    assert state["known"] and state["mean_step_s"] > 0, state
+    assert abs(state["fitted_mean_step_s"] - state["mean_step_s"]) < 0.2 * state["mean_step_s"], state
     assert state["settled_drafts"] > 100, state  # shadow drafts settled against verified tokens
     drafted = counters.num_draft_tokens > 0
     assert drafted == (state["drafted_steps"] > 0), (state, counters)  # the cost fit saw every step that drafted
     if not drafted:
-        assert abs(c - b) < 1e-3 * b and abs(f - b) < 1e-3 * b, state  # priced as a request until drafting is seen
+        assert abs(c - b) <= 1e-3 * b + 1e-9 and abs(f - b) <= 1e-3 * b + 1e-9, (
+            state
+        )  # priced as a request until drafting is seen

@@ -27,6 +27,18 @@ def test_without_drafting_data_a_draft_token_and_the_switch_are_priced_as_a_requ
     assert abs(c - b) < 1e-6 and abs(f - b) < 1e-6 and e < 1e-6 and abs(b - 0.002) < 2e-4
 
 
+def test_a_cost_that_noise_makes_negative_is_fitted_as_zero_without_mispricing_the_average_step():
+    """A tiny model's per-row cost is within the noise of its steps; the fit must stay non-negative and still price
+    the average step it saw (the free fit clipped at zero kept the fixed cost that a negative slope had inflated)."""
+    cost = StepCost(decay=0.999)
+    for step in range(400):
+        rows = 1 + step % 32
+        cost.observe(rows, 0, 0.006 - 0.00002 * rows)
+    mean_seconds, mean_features = cost.xty[0] / cost.steps, cost.xtx[0] / cost.steps
+    assert (cost.coef >= 0).all() and cost.coef[1] < 1e-6, cost.coef
+    assert abs(cost.coef @ mean_features - mean_seconds) < 0.01 * mean_seconds, (cost.coef, mean_seconds)
+
+
 def test_acceptance_counts_positions_reached_and_accepted():
     model = AcceptanceModel(k=3, prior_mean=0.5, prior_weight=2.0)
     group, band = np.zeros(100, np.int64), np.zeros(100, np.int64)
