@@ -55,15 +55,25 @@ def mtp_targets(
     return targets, mask
 
 
-def sample_positions(positions: torch.Tensor, fraction: float) -> torch.Tensor:
-    """A uniformly random ``fraction`` of ``positions`` (at least one), in their order. The online MTP loss's projection
-    onto the whole vocabulary is most of its cost, and its token-mean over a random subset is an unbiased estimate of
-    the mean over all."""
+def sequence_of(positions: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """The index of the sequence each stream position lies in."""
+    return torch.searchsorted(cu_seqlens[1:].to(positions.device), positions, right=True)
+
+
+def sample_sequences(positions: torch.Tensor, cu_seqlens: torch.Tensor, fraction: float) -> torch.Tensor:
+    """The ``positions`` (sorted stream indices) that lie in a uniformly random ``fraction`` of the sequences holding
+    any (at least one), in their order. Whole sequences, not scattered positions: the MTP layer then runs on the
+    chosen sequences alone (:func:`mtp.model.run_mtp_layers`), so all of its cost scales with the fraction, where a
+    share of positions saved only the vocabulary projection and left the layer's projections and attention over every
+    position (on veRL's update, +4% of it at any share). The token-mean over the kept positions is an unbiased ratio
+    estimate of the mean over all; its variance is that of a sample of sequences."""
     if fraction >= 1.0 or positions.numel() == 0:
         return positions
-    keep = max(1, math.ceil(fraction * positions.numel()))
-    chosen = torch.randperm(positions.numel(), device=positions.device)[:keep]
-    return positions[chosen.sort().values]
+    seq = sequence_of(positions, cu_seqlens)
+    held = seq.unique()
+    keep = max(1, math.ceil(fraction * held.numel()))
+    chosen = held[torch.randperm(held.numel(), device=held.device)[:keep]]
+    return positions[torch.isin(seq, chosen)]
 
 
 def masked_ce(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mtp.loss import roll_packed
+from mtp.loss import roll_packed, sequence_of
 
 
 @dataclass
@@ -238,20 +238,43 @@ def run_mtp_layers(
     """MTP logits of every layer over a packed stream: layer k at t reads layer k-1's output (the trunk's pre-norm
     hidden state for k=0) and the embedding of token t+1+k, and predicts token t+2+k through the LM head ``head``.
     With ``detach_inputs`` the hidden states, embeddings and head are detached (online MTP: the loss trains only the
-    MTP layers). Shared by the in-process model and veRL's FSDP actor (mtp/verl_fsdp.py)."""
+    MTP layers). With ``mtp_positions`` (sorted) every layer's logits are only there, and the layers run only on the
+    rows those need (:func:`needed_rows`). Shared by the in-process model and veRL's FSDP actor (mtp/verl_fsdp.py)."""
     if detach_inputs:
         hidden, embeds, head = hidden.detach(), embeds.detach(), head.detach()
-    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
     cos, sin = rope
+    rows = keep = None
+    sub_cu = cu_seqlens
+    if mtp_positions is not None and mtp_positions.numel() > 0:
+        rows, sub_cu = needed_rows(mtp_positions, cu_seqlens)
+        hidden, positions, cos, sin = hidden[rows], positions[rows], cos[rows], sin[rows]
+        keep = torch.searchsorted(rows, mtp_positions)
+    lengths = (sub_cu[1:] - sub_cu[:-1]).tolist()
     out, prev, last = [], hidden, len(mtp_layers) - 1
     for k, layer in enumerate(mtp_layers):
         next_embeds = roll_packed(embeds, cu_seqlens, shift=-(k + 1))
+        next_embeds = next_embeds if rows is None else next_embeds[rows]
         next_embeds = next_embeds.masked_fill((positions == 0)[:, None], 0.0)
-        keep = mtp_positions if k == last else None
-        prev = layer(prev, next_embeds, cos, sin, lengths, keep)
-        rows = prev if mtp_positions is None or k == last else prev[mtp_positions]
-        out.append(F.linear(rows, head))
+        prev = layer(prev, next_embeds, cos, sin, lengths, keep if k == last else None)
+        logits_rows = prev if keep is None or k == last else prev[keep]
+        out.append(F.linear(logits_rows, head))
     return out
+
+
+def needed_rows(mtp_positions: torch.Tensor, cu_seqlens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The stream rows the MTP layers must run on for logits at ``mtp_positions`` (sorted): each sequence holding one,
+    from its start to its last such position (causal attention reads nothing later), and their boundaries as a
+    packed sub-stream."""
+    seq = sequence_of(mtp_positions, cu_seqlens)
+    held, inverse = seq.unique(return_inverse=True)
+    ends = torch.zeros_like(held).scatter_reduce(0, inverse, mtp_positions + 1, reduce="amax", include_self=False)
+    starts = cu_seqlens.to(held.device)[held]
+    lengths = ends - starts
+    rows = torch.repeat_interleave(starts - torch.cumsum(lengths, 0) + lengths, lengths) + torch.arange(
+        int(lengths.sum()), device=held.device
+    )
+    sub_cu = torch.cat([lengths.new_zeros(1), torch.cumsum(lengths, 0)])
+    return rows, sub_cu
 
 
 class MiMoForCausalLM(nn.Module):
@@ -294,10 +317,10 @@ class MiMoForCausalLM(nn.Module):
 
         With ``detach_mtp_inputs`` (the online-MTP setting) the MTP layers read detached trunk hidden
         states and embeddings and a detached LM head, so MTP losses update only MTP parameters.
-        ``mtp_positions`` (indices into the stream) returns MTP logits only there, the positions a loss
-        trains: the last MTP layer runs its MLP and norms, and the LM head runs, on those rows alone
-        (its attention and the earlier layers, whose outputs the next layer reads everywhere, still run
-        on every position), which in RL skips the prompt tokens.
+        ``mtp_positions`` (sorted indices into the stream) returns MTP logits only there, the positions a loss
+        trains: the MTP layers run only on the sequences holding one, up to the last (:func:`needed_rows`), and
+        the last layer's MLP and norms and the LM head on those positions alone, which in RL skips the prompt
+        tokens (and, with :func:`mtp.loss.sample_sequences`, the sequences left out).
         """
         total = input_ids.shape[0]
         if cu_seqlens is None:

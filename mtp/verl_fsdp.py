@@ -9,8 +9,8 @@ this platform's vendor key, which veRL's lookup prefers to the device-wide defau
   under the checkpoint's names (``model.mtp_layers.*``), so FSDP shards them, checkpoints save them, and veRL's
   weight sync sends them to the vLLM servers, whose MTP drafter loads them (the plain Qwen2 model drops them);
 - adds the MTP loss of the local backend (recipe/dapo/policy.py) to each micro-batch's backward during the
-  update: CE of the MTP logits at the positions mtp/loss.py's masks train (a random share of them,
-  ``spec.mtp.loss_token_fraction``, which the recipe puts in the HF config), on detached trunk hidden states,
+  update: CE of the MTP logits at the positions mtp/loss.py's masks train (those of a random share of the
+  sequences, ``spec.mtp.loss_sequence_fraction``, which the recipe puts in the HF config), on detached trunk hidden states,
   embeddings and LM head, scaled by ``actor_rollout_ref.model.mtp.mtp_loss_scaling_factor`` and by the
   micro-batch's share of the mini-batch's response tokens;
 - clips the head's gradients apart from the policy's, so the policy's update is the one it would be without the
@@ -36,7 +36,7 @@ from verl.workers.engine.base import EngineRegistry
 from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
 
 from mtp import MTP_LOSS_FRACTION_KEY, MTP_LR_KEY
-from mtp.loss import masked_ce, mtp_targets, sample_positions
+from mtp.loss import masked_ce, mtp_targets, sample_sequences
 from mtp.model import MiMoConfig, MTPLayer, packed_positions, rope_cos_sin, run_mtp_layers
 
 
@@ -77,7 +77,8 @@ class MiMoMTPForCausalLM(Qwen2ForCausalLM):
         positions = packed_positions(cu_seqlens, ids.shape[0])
         rope = rope_cos_sin(positions, self.mimo.head_dim, self.mimo.rope_theta)
         targets, trained = mtp_targets(ids, mtp_batch["response_mask"], cu_seqlens, depth=0)
-        at = sample_positions(trained.nonzero().squeeze(-1), float(getattr(self.config, MTP_LOSS_FRACTION_KEY, 1.0)))
+        fraction = float(getattr(self.config, MTP_LOSS_FRACTION_KEY, 1.0))
+        at = sample_sequences(trained.nonzero().squeeze(-1), cu_seqlens, fraction)
         (logits,) = run_mtp_layers(
             self.model.mtp_layers[:1], hidden, embeds, head, cu_seqlens, positions, rope,
             detach_inputs=True, mtp_positions=at,
@@ -224,10 +225,10 @@ class MTPTrainingFSDPEngine(FSDPEngineWithLMHead):
 
 
 def cpu_actor_engine(
-    checkpoint: str, train_head: bool, loss_scaling_factor: float, optimizer, loss_token_fraction: float = 1.0
+    checkpoint: str, train_head: bool, loss_scaling_factor: float, optimizer, loss_sequence_fraction: float = 1.0
 ) -> FSDPEngineWithLMHead:
     """veRL's FSDP2 actor engine for ``checkpoint`` built as the veRL backend's CPU actor builds it (fp32, SDPA,
-    padded layout), with the MTP head trained online (on ``loss_token_fraction`` of the positions) or not and veRL's
+    padded layout), with the MTP head trained online (on ``loss_sequence_fraction`` of the sequences) or not and veRL's
     ``FSDPOptimizerConfig`` ``optimizer``; initialized. For the tests and the overhead benchmark, which run one engine
     in a process of their own."""
     from verl.trainer.config.config import CheckpointConfig
@@ -239,7 +240,7 @@ def cpu_actor_engine(
         tokenizer_path=f"{checkpoint}/tokenizer",
         use_remove_padding=False,
         enable_gradient_checkpointing=False,
-        override_config={"attn_implementation": "sdpa", MTP_LOSS_FRACTION_KEY: loss_token_fraction},
+        override_config={"attn_implementation": "sdpa", MTP_LOSS_FRACTION_KEY: loss_sequence_fraction},
         external_lib="mtp.verl_fsdp",
         mtp=MtpConfig(
             enable=True, enable_rollout=True, enable_train=train_head, mtp_loss_scaling_factor=loss_scaling_factor

@@ -166,7 +166,7 @@ def verl_updates(checkpoint: Path, batch, cfg) -> dict[str, Callable[[], None]]:
             FSDPOptimizerConfig(
                 lr=float(actor_cfg.optim.lr), clip_grad=float(actor_cfg.grad_clip), total_training_steps=1000
             ),
-            loss_token_fraction=float(cfg.spec.mtp.loss_token_fraction),
+            loss_sequence_fraction=float(cfg.spec.mtp.loss_sequence_fraction),
         )  # fmt: skip
 
         def update(engine=engine) -> None:
@@ -243,7 +243,7 @@ def main() -> None:
     )
     parser.add_argument("--response-tokens", type=int, default=128, help="with --model: tokens per response")
     parser.add_argument(
-        "--loss-token-fraction", type=float, default=1.0, help="spec.mtp.loss_token_fraction of the online mode"
+        "--loss-sequence-fraction", type=float, default=1.0, help="spec.mtp.loss_sequence_fraction of the online mode"
     )
     parser.add_argument("--out", default=str(REPO_ROOT / "results" / "mtp"))
     args = parser.parse_args()
@@ -274,7 +274,10 @@ def main() -> None:
         batch = make_batch(ckpt, args.prompts, args.n, 768)
     overrides = [f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={args.micro}"]
     overrides += [f"actor_rollout_ref.actor.ppo_mini_batch_size={args.mini}", f"data.train_batch_size={args.prompts}"]
-    overrides += [f"actor_rollout_ref.rollout.n={args.n}", f"spec.mtp.loss_token_fraction={args.loss_token_fraction}"]
+    overrides += [
+        f"actor_rollout_ref.rollout.n={args.n}",
+        f"spec.mtp.loss_sequence_fraction={args.loss_sequence_fraction}",
+    ]
     rows = []
     with tempfile.TemporaryDirectory(prefix="mtp-overhead-") as tmp:
         for depth in [None] if args.model else [int(x) for x in args.layers.split(",")]:
@@ -290,9 +293,9 @@ def main() -> None:
             print(json.dumps(row), flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    fraction = f" --loss-token-fraction {args.loss_token_fraction}" if args.loss_token_fraction != 1 else ""
+    fraction = f" --loss-sequence-fraction {args.loss_sequence_fraction}" if args.loss_sequence_fraction != 1 else ""
     name = f"overhead_{args.backend}" + (f"_{Path(args.model).name}" if args.model else "")
-    name += f"_fraction{args.loss_token_fraction}" if fraction else ""
+    name += f"_sequences{args.loss_sequence_fraction}" if fraction else ""
     (out / f"{name}.json").write_text(json.dumps(rows, indent=2))
     tokens = int(batch.batch["attention_mask"].sum())
     shape = (

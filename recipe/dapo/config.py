@@ -61,11 +61,11 @@ def validate(cfg: DictConfig) -> None:
         )
         _require(spec.mtp.loss_scaling_factor >= 0, "spec.mtp.loss_scaling_factor", "must be >= 0")
         _require(spec.mtp.lr is None or spec.mtp.lr > 0, "spec.mtp.lr", f"must be null or > 0, got {spec.mtp.lr}")
-        fraction = spec.mtp.loss_token_fraction
-        _require(0 < fraction <= 1, "spec.mtp.loss_token_fraction", f"must be in (0, 1], got {fraction}")
+        fraction = spec.mtp.loss_sequence_fraction
+        _require(0 < fraction <= 1, "spec.mtp.loss_sequence_fraction", f"must be in (0, 1], got {fraction}")
         _require(
             fraction == 1 or cfg.backend != "verl" or cfg.actor_rollout_ref.actor.strategy != "megatron",
-            "spec.mtp.loss_token_fraction",
+            "spec.mtp.loss_sequence_fraction",
             "is for the local backend and veRL's FSDP actor (mtp/verl_fsdp.py); a Megatron actor computes its MTP "
             "loss over every token: leave it 1",
         )
@@ -278,7 +278,7 @@ def spec_overrides(spec: DictConfig) -> dict[str, object]:
                 ),
                 # a loss setting of the model's forward: the actor's HF config carries it to mtp.verl_fsdp's model
                 f"+actor_rollout_ref.model.override_config.{MTP_LOSS_FRACTION_KEY}": float(
-                    spec.mtp.loss_token_fraction
+                    spec.mtp.loss_sequence_fraction
                 ),
             }
             if spec.mtp.train == "online"

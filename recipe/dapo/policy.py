@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig
 
-from mtp.loss import masked_ce, mtp_targets, roll_packed, sample_positions
+from mtp.loss import masked_ce, mtp_targets, roll_packed, sample_sequences
 from mtp.model import MiMoForCausalLM
 from recipe.dapo.timeline import timed
 
@@ -98,14 +98,14 @@ def forward_rows(
     model: MiMoForCausalLM, batch, temperature: float, with_mtp: bool, grad: bool = True, mtp_fraction: float = 1.0
 ) -> ForwardOut:
     """Response-token log-probs (and the online MTP loss on the same forward, inputs detached, over a random
-    ``mtp_fraction`` of the positions it trains)."""
+    ``mtp_fraction`` of the sequences it trains)."""
     rows = pack_rows(batch)
     width = batch.batch["responses"].shape[1]
     mtp_positions = mtp_target_ids = None
     if with_mtp:
         # the MTP head runs past attention only where its loss trains (not on prompt tokens)
         every_target, trained = mtp_targets(rows.input_ids, rows.response_mask, rows.cu_seqlens, depth=0)
-        mtp_positions = sample_positions(trained.nonzero().squeeze(-1), mtp_fraction)
+        mtp_positions = sample_sequences(trained.nonzero().squeeze(-1), rows.cu_seqlens, mtp_fraction)
         mtp_target_ids = every_target[mtp_positions]
     with torch.set_grad_enabled(grad):
         out = model(
@@ -244,7 +244,7 @@ class Actor:
             batch.batch["advantages"], batch.batch["returns"] = adv, returns
         sums: dict[str, list[float]] = dict(head_metrics)
         mini_rows = actor.ppo_mini_batch_size * n
-        mtp_fraction = float(cfg.spec.mtp.loss_token_fraction) if self.mtp_online else 1.0
+        mtp_fraction = float(cfg.spec.mtp.loss_sequence_fraction) if self.mtp_online else 1.0
         with timed(timing, "update_actor"):
             for _ in range(actor.ppo_epochs):
                 for m0 in range(0, len(batch), mini_rows):

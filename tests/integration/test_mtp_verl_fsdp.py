@@ -57,7 +57,7 @@ def test_the_policy_update_on_verl_fsdp_is_unchanged_by_the_online_head(harness_
     }
     assert 0.5e-2 < moved["actor lr"] < 2e-2 and 0.5e-4 < moved["head lr"] < 2e-4, moved
 
-    # spec.mtp.loss_token_fraction (the HF config's mtp_loss_token_fraction): the head's loss from half the positions,
+    # spec.mtp.loss_sequence_fraction (the HF config's mtp_loss_sequence_fraction): the head's loss from half the sequences,
     # another value and another step, the policy's unchanged
     for name in policy:
         assert torch.equal(half["params"][name], online["params"][name]), name

@@ -3,7 +3,7 @@
 after one update of a fixed batch, with the MTP head trained online or not. ``joint`` clips the head with the policy (the
 bug the engine's separate clipping prevents), for the test that this would show; ``head_lr`` gives the head its own
 learning rate as the recipe passes ``spec.mtp.lr`` to veRL (the actor's is 1e-2); ``fraction`` trains the head on that share
-of the positions (``spec.mtp.loss_token_fraction``)."""
+of the sequences (``spec.mtp.loss_sequence_fraction``)."""
 
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ def main(checkpoint: str, out: str, train: str, *options: str) -> None:
         0.2,
         # a clip norm that every step reaches, so joint clipping would change the policy's step
         FSDPOptimizerConfig(lr=1e-2, clip_grad=1e-3, total_training_steps=1, override_optimizer_config=extra),
-        loss_token_fraction=fractions[-1] if fractions else 1.0,
+        loss_sequence_fraction=fractions[-1] if fractions else 1.0,
     )
     actor = ActorConfig(
         strategy="fsdp2", rollout_n=4, ppo_mini_batch_size=1, ppo_micro_batch_size_per_gpu=2, use_dynamic_bsz=False,

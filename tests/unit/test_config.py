@@ -155,21 +155,21 @@ def test_spec_mtp_lr_reaches_verls_optimizer_for_an_online_head_only():
         validate(config(*megatron, "spec.mtp.lr=0.001"))
 
 
-def test_spec_mtp_loss_token_fraction_reaches_the_fsdp_actors_model_config_and_is_checked():
+def test_spec_mtp_loss_sequence_fraction_reaches_the_fsdp_actors_model_config_and_is_checked():
     """The share of positions the online MTP loss trains on travels in the actor's HF config (veRL's override_config),
     where mtp/verl_fsdp.py's model reads it; outside (0, 1], or below 1 on a Megatron actor, it is refused."""
     from mtp import MTP_LOSS_FRACTION_KEY
     from recipe.dapo.config import spec_overrides
 
     key = f"+actor_rollout_ref.model.override_config.{MTP_LOSS_FRACTION_KEY}"
-    assert spec_overrides(config("spec=mtp", "spec.mtp.loss_token_fraction=0.25").spec)[key] == 0.25
+    assert spec_overrides(config("spec=mtp", "spec.mtp.loss_sequence_fraction=0.25").spec)[key] == 0.25
     assert key not in spec_overrides(config("spec=mtp", "spec.mtp.train=frozen").spec)
     for bad in ("0", "1.5"):
-        with pytest.raises(ConfigError, match=r"spec\.mtp\.loss_token_fraction"):
-            validate(config("spec=mtp", f"spec.mtp.loss_token_fraction={bad}"))
+        with pytest.raises(ConfigError, match=r"spec\.mtp\.loss_sequence_fraction"):
+            validate(config("spec=mtp", f"spec.mtp.loss_sequence_fraction={bad}"))
     megatron = ("spec=mtp", "backend=verl", "actor_rollout_ref.actor.strategy=megatron")
-    with pytest.raises(ConfigError, match=r"spec\.mtp\.loss_token_fraction.*Megatron"):
-        validate(config(*megatron, "spec.mtp.loss_token_fraction=0.5"))
+    with pytest.raises(ConfigError, match=r"spec\.mtp\.loss_sequence_fraction.*Megatron"):
+        validate(config(*megatron, "spec.mtp.loss_sequence_fraction=0.5"))
 
 
 def test_verls_cpu_weight_bucket_holds_the_largest_tensor(tmp_path):

@@ -146,11 +146,12 @@ def test_mtp_loss_packed_equals_unpacked():
     assert float(ce.sum()) == pytest.approx(total, rel=1e-5)
 
 
+@pytest.mark.parametrize("share", ["every trained position", "the middle sequence and the tails left out"])
 @pytest.mark.parametrize("mtp_layers", [1, 2])
-def test_mtp_logits_at_loss_positions_equal_the_full_forward_and_train_the_same(mtp_layers):
-    """``mtp_positions`` (the trainer runs the head past attention only where its loss trains) returns the
-    full forward's rows there, and a loss over them gives the full forward's MTP gradients: attention still
-    reads the prompt positions it skips."""
+def test_mtp_logits_at_loss_positions_equal_the_full_forward_and_train_the_same(mtp_layers, share):
+    """``mtp_positions`` (the trainer runs the head only where its loss trains) returns the full forward's rows
+    there, and a loss over them gives the full forward's MTP gradients: attention still reads the prompt positions
+    it skips, and a sequence without such positions, or a sequence's rows after its last, change nothing."""
     model = tiny_model(mtp_layers=mtp_layers)
     gen = torch.Generator().manual_seed(4)
     prompt_lens, lengths = [5, 3, 7], [12, 9, 15]
@@ -159,6 +160,8 @@ def test_mtp_logits_at_loss_positions_equal_the_full_forward_and_train_the_same(
     m = torch.cat([torch.tensor([0] * p + [1] * (n - p)) for p, n in zip(prompt_lens, lengths, strict=True)])
     t, mask = mtp_targets(ids, m, cu)
     positions = mask.nonzero().squeeze(-1)
+    if share != "every trained position":
+        positions = torch.cat([positions[positions < 8], positions[(positions >= 21) & (positions < 30)]])
     assert 0 < len(positions) < len(ids)
 
     def mtp_grads(restrict: bool) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
@@ -350,34 +353,42 @@ def test_spec_mtp_lr_sets_the_heads_step_and_leaves_the_policys():
             assert torch.equal(after["0.01"][name], value), name
 
 
-def test_sampled_positions_are_an_ordered_random_share_whose_mean_loss_is_unbiased():
-    """``spec.mtp.loss_token_fraction``: each draw keeps ceil(fraction * n) distinct positions in order (the MTP layer
-    indexes its rows by them), different draws keep different ones, and the token-mean of a per-position value over
-    the kept positions averages to its mean over all (fails for a fixed subset such as the first positions)."""
-    from mtp.loss import sample_positions
+def test_sampled_sequences_keep_all_positions_of_a_random_share_of_the_sequences_with_an_unbiased_mean():
+    """``spec.mtp.loss_sequence_fraction``: each draw keeps every position of ceil(fraction * n) of the n sequences
+    that hold any, in order (the MTP layer indexes its rows by them), different draws keep different sequences, and
+    the token-mean of a per-position value over the kept positions averages to its mean over all (fails for a fixed
+    subset such as the first sequences)."""
+    from mtp.loss import sample_sequences, sequence_of
 
-    positions = torch.arange(3, 203, 2)  # 100 trained positions of a packed stream
-    assert torch.equal(sample_positions(positions, 1.0), positions)
+    lengths = [20] * 12
+    cu = packed(lengths)
+    positions = torch.cat([torch.arange(int(cu[i]) + 8, int(cu[i + 1]) - 2) for i in range(12) if i != 5])
+    assert torch.equal(sample_sequences(positions, cu, 1.0), positions)
     torch.manual_seed(0)
-    draws = [sample_positions(positions, 0.25) for _ in range(400)]
+    draws = [sample_sequences(positions, cu, 0.25) for _ in range(400)]
     for kept in draws[:20]:
-        assert len(kept) == 25 and bool((kept[1:] > kept[:-1]).all()) and bool(torch.isin(kept, positions).all())
-    assert len({tuple(k.tolist()) for k in draws}) == len(draws)
-    value = (positions.float() - 3) ** 2  # a per-position loss that grows along the stream
+        seqs = sequence_of(kept, cu)
+        assert seqs.unique().numel() == 3 and 5 not in seqs.tolist()  # ceil(0.25 * 11) of the 11 holding positions
+        assert bool((kept[1:] > kept[:-1]).all()) and torch.equal(kept, positions[torch.isin(positions, kept)])
+        assert torch.equal(kept, positions[torch.isin(sequence_of(positions, cu), seqs)])  # whole sequences
+    assert len({tuple(k.tolist()) for k in draws}) > 100
+    value = sequence_of(positions, cu).float() ** 2  # a per-position loss that grows along the stream
     means = [value[torch.searchsorted(positions, kept)].mean().item() for kept in draws]
-    assert abs(sum(means) / len(means) - value.mean().item()) < 0.03 * value.mean().item()
-    assert len(sample_positions(positions[:3], 0.01)) == 1
+    assert abs(sum(means) / len(means) - value.mean().item()) < 0.05 * value.mean().item()
+    assert sequence_of(sample_sequences(positions, cu, 0.01), cu).unique().numel() == 1
 
 
-def test_online_mtp_on_a_share_of_the_positions_trains_the_head_on_fewer_of_them():
-    """The local trainer's online loss with ``spec.mtp.loss_token_fraction=0.5``: the head still trains, its loss is
-    computed from half the positions (a different value), and the policy's update is unchanged."""
+def test_online_mtp_on_a_share_of_the_sequences_trains_the_head_on_fewer_positions():
+    """The local trainer's online loss with ``spec.mtp.loss_sequence_fraction=0.5``: the head still trains, its loss
+    is computed from half the sequences (a different value), and the policy's update is unchanged."""
     batch = two_group_batch()
     base = tiny_model(False)
     after, metrics = {}, {}
     for fraction in ("1.0", "0.5"):
         torch.manual_seed(0)
-        actor = dapo_actor(copy.deepcopy(base), "online", *UPDATE_OVERRIDES, f"spec.mtp.loss_token_fraction={fraction}")
+        actor = dapo_actor(
+            copy.deepcopy(base), "online", *UPDATE_OVERRIDES, f"spec.mtp.loss_sequence_fraction={fraction}"
+        )
         metrics[fraction] = actor.update(copy.deepcopy(batch), {})
         after[fraction] = actor.policy.state_dict()
     for name, value in base.state_dict().items():
