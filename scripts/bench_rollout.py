@@ -210,13 +210,13 @@ def band_columns(bands: list[dict]) -> dict[str, dict[str, float]]:
 def rollout_inputs(model: str | None, max_prompts: int) -> tuple[Path, list[list[int]], str]:
     """Checkpoint, prompt ids and engine dtype: the embedded base model on its test split (float32, as the local
     trainer's rollouts), or a real model (recipe.models: a built-in name, .gguf or HF directory) on the held-out
-    word problems (recipe.data.word_problems; bf16)."""
+    word problems (recipe.data.word_problems) in the dtype the recipe's real-model experiment samples in."""
+    from omegaconf import OmegaConf
+
     from mtp.checkpoint import load_tokenizer
     from recipe.dapo.data import load_prompts
 
     if model is None:
-        from omegaconf import OmegaConf
-
         from recipe.sft.train import ensure_base_model
 
         ckpt = ensure_base_model(OmegaConf.load(REPO_ROOT / "configs" / "sft.yaml"))
@@ -226,7 +226,8 @@ def rollout_inputs(model: str | None, max_prompts: int) -> tuple[Path, list[list
         from recipe.models import resolve_model
 
         ckpt = resolve_model(model)
-        data, dtype = write_splits()[1], "bfloat16"
+        experiment = OmegaConf.load(REPO_ROOT / "configs" / "experiment" / "smollm2.yaml")
+        data, dtype = write_splits()[1], str(experiment.actor_rollout_ref.rollout.dtype)
     _, ids = load_prompts(str(data), load_tokenizer(ckpt), 512, max_prompts)
     return ckpt, ids, dtype
 
@@ -250,11 +251,17 @@ def main() -> None:
     )
     parser.add_argument("--max-tokens", type=int, default=None, help="response budget (default 768; real model 384)")
     parser.add_argument("--memory-share", type=float, default=None, help="vLLM gpu_memory_utilization (CPU: of RAM)")
+    parser.add_argument(
+        "--dtype",
+        default=None,
+        help="the engines' dtype (default: float32, or what configs/experiment/smollm2.yaml samples a real model in)",
+    )
     parser.add_argument("--out", default=None, help="default results/sam (embedded model) or results/real")
     args = parser.parse_args()
     out = Path(args.out or REPO_ROOT / "results" / ("sam" if args.model is None else "real"))
 
     ckpt, ids, dtype = rollout_inputs(args.model, 2 * args.prompts)
+    dtype = args.dtype or dtype
     # held-out prompts as they come (embedded task: term counts are Pareto-distributed, so a few long traces make the
     # long tail; word problems: the model rambles to the budget on some samples)
     warm, prompts = ids[: args.prompts], ids[args.prompts : 2 * args.prompts]
@@ -276,11 +283,14 @@ def main() -> None:
         if method == "suffix" or (sam_opts and sam_opts["cross_epoch"]):
             engine.generate(prompts, args.n, sampling)  # the previous epoch of the same prompts
         engines[name] = engine
-    # modes interleaved, rollout by rollout, so machine noise and drift hit every mode alike
+    # modes interleaved, rollout by rollout, so machine noise and drift hit every mode alike, and their order rotated
+    # each repeat: in a fixed order a mode always follows the same one, and pays for whatever that one leaves behind
     runs: dict[str, list[dict]] = {name: [] for name in engines}
     timelines: dict[str, list] = {name: [] for name in engines}
     for rep in range(args.repeats):
-        for name, engine in engines.items():
+        names = list(engines)
+        for name in names[rep % len(names) :] + names[: rep % len(names)]:
+            engine = engines[name]
             engine.reseed(1000 + rep)  # every mode's rollout of a repeat draws from the same sampler seed
             busy = engine.drafter_busy_s()
             result = engine.generate(prompts, args.n, sampling)
@@ -336,10 +346,11 @@ def main() -> None:
         "",
         f"Produced by `.venv/bin/python scripts/bench_rollout.py {model_arg}--max-tokens {max_tokens} "
         f"--prompts {args.prompts} --n {args.n} "
-        f"--repeats {args.repeats} --tail {args.tail} --gate {gate} --modes {args.modes}` (temperature 1, long tail = "
+        f"--repeats {args.repeats} --tail {args.tail} --gate {gate} --modes {args.modes}"
+        f"{f' --dtype {args.dtype}' if args.dtype else ''}` (engines in {dtype}, temperature 1, long tail = "
         f"at most {args.tail} active requests, SAM drafts at most {gate} active requests unless a mode says @G, K, "
         "SAM options from configs/spec unless a mode says /<letter><value> (SAM_MODE_OPTIONS); every mode's engine alive at once, "
-        f"rollouts interleaved mode by mode, each repeat's rollouts from one sampler seed, medians of {args.repeats}). The tail columns read each mode's own tail, "
+        f"rollouts interleaved mode by mode in an order rotated each repeat, each repeat's rollouts from one sampler seed, medians of {args.repeats}). The tail columns read each mode's own tail, "
         "which holds the requests that mode drafted worst (a drafter changes which requests are left at the end); the "
         "table by active requests below compares equal batch sizes. `equal work` is the whole rollout at spec off's "
         "mix of batch sizes (recipe.dapo.timeline.equal_work_vs_off: at T=1 a draft changes which tokens a rollout "

@@ -10,7 +10,10 @@ current one. On it:
   the top-1 draft of the starting MTP head (what a frozen head drafts) and of the run's head (frozen or
   online), mean over the positions an MTP head drafts for. One greedy draft token is accepted by vLLM's
   rejection sampler with exactly that probability, so these are the expected draft acceptance rates of the
-  two heads on the current trunk, measured in the same run.
+  two heads on the current trunk, measured in the same run;
+- ``drift/mtp_accept_sampled_start_head`` and ``drift/mtp_accept_sampled_head``: the same for a draft sampled from
+  the head's distribution at the rollout temperature (``spec.draft_sample_method=probabilistic``), which the
+  rejection sampler accepts with probability ``sum(min(p, q))`` (p the policy's distribution, q the head's).
 """
 
 from __future__ import annotations
@@ -79,6 +82,8 @@ class DriftProbe:
             draft = logits.argmax(-1)
             metrics[f"drift/mtp_accept_{name}"] = float(judge.gather(-1, draft[:, None]).exp().mean())
             metrics[f"drift/mtp_top1_{name}"] = float((draft == greedy).float().mean())
+            q = F.softmax(logits.float() / self.temperature, dim=-1)
+            metrics[f"drift/mtp_accept_sampled_{name}"] = float(torch.minimum(judge.exp(), q).sum(-1).mean())
         return metrics
 
 

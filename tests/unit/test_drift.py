@@ -27,8 +27,9 @@ def probe_sequences(seed: int = 3) -> list[dict]:
 def oracle(start, policy, sequences: list[dict]) -> dict[str, float]:
     """One sequence at a time, position by position: KL(start || policy) where the next token is a response
     token; at t whose t+1 and t+2 are response tokens, the policy's probability (and argmax) at t+1 of each
-    head's top-1 draft for t+2, the starting head run on the policy's hidden states and embeddings."""
-    kls, accept, top1 = [], {"start_head": [], "head": []}, {"start_head": [], "head": []}
+    head's top-1 draft for t+2, the starting head run on the policy's hidden states and embeddings, and the chance
+    that a draft sampled from each head is accepted (sum of min(p, q) over the vocabulary)."""
+    kls, accept, top1, sampled = [], {"start_head": [], "head": []}, {"start_head": [], "head": []}, {}
     for s in sequences:
         ids = torch.tensor(s["prompt"] + s["response"])
         p = len(s["prompt"])
@@ -46,10 +47,14 @@ def oracle(start, policy, sequences: list[dict]) -> dict[str, float]:
                     draft = int(logits[t].argmax())
                     accept[name].append(float(logp[t + 1, draft].exp()))
                     top1[name].append(float(draft == int(logp[t + 1].argmax())))
+                    q = F.softmax(logits[t] / TEMPERATURE, -1)
+                    chances = zip(logp[t + 1].exp().tolist(), q.tolist(), strict=True)
+                    sampled.setdefault(name, []).append(sum(min(a, b) for a, b in chances))
     out = {"drift/kl_from_start": sum(kls) / len(kls)}
     for name in accept:
         out[f"drift/mtp_accept_{name}"] = sum(accept[name]) / len(accept[name])
         out[f"drift/mtp_top1_{name}"] = sum(top1[name]) / len(top1[name])
+        out[f"drift/mtp_accept_sampled_{name}"] = sum(sampled[name]) / len(sampled[name])
     return out
 
 
