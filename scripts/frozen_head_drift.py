@@ -58,8 +58,9 @@ def main() -> None:
         parser.error(f"--probe {args.probe}: no such file")
     torch.set_grad_enabled(False)
     sequences = json.loads(args.probe.read_text())
-    probe = DriftProbe(load_checkpoint(args.start), sequences, args.temperature)
-    rows = [{"policy": "start", "checkpoint": str(args.start), **probe.measure(load_checkpoint(args.start))}]
+    start = load_checkpoint(args.start)
+    probe = DriftProbe(start, sequences, args.temperature)
+    rows = [{"policy": "start", "checkpoint": str(args.start), **probe.measure(start)}]
     for label, path in args.policy:
         rows.append({"policy": label, "checkpoint": str(path), **probe.measure(load_checkpoint(path))})
         print(json.dumps(rows[-1]), flush=True)

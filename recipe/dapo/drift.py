@@ -77,13 +77,14 @@ class DriftProbe:
         kl = (self.start_logp.exp() * (self.start_logp - now)).sum(-1).mean()
         judge = logp[self.draft_positions + 1]  # the policy's distribution over the drafted token
         greedy = judge.argmax(-1)
+        judge_probs = judge.exp()
         metrics = {"drift/kl_from_start": float(kl)}
         for name, logits in (("start_head", start_head), ("head", out.mtp_logits[0])):
             draft = logits.argmax(-1)
             metrics[f"drift/mtp_accept_{name}"] = float(judge.gather(-1, draft[:, None]).exp().mean())
             metrics[f"drift/mtp_top1_{name}"] = float((draft == greedy).float().mean())
             q = F.softmax(logits.float() / self.temperature, dim=-1)
-            metrics[f"drift/mtp_accept_sampled_{name}"] = float(torch.minimum(judge.exp(), q).sum(-1).mean())
+            metrics[f"drift/mtp_accept_sampled_{name}"] = float(torch.minimum(judge_probs, q).sum(-1).mean())
         return metrics
 
 
