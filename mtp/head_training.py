@@ -34,9 +34,11 @@ def rollout_at_t1(
     seed: int,
     progress: bool,
     dtype: str = "bfloat16",
+    warmup: list[list[int]] = (),
 ):
     """One rollout of ``n`` samples per prompt at T=1 in a fresh in-process vLLM engine with ``spec`` in ``dtype``,
-    closed after."""
+    closed after. ``warmup`` prompts are sampled first (one 32-token sample each, not measured): a fresh engine's
+    first steps cost several times a warm one's, which would otherwise land on the measured rollout's tokens/s."""
     from recipe.dapo.rollout import RolloutEngine
     from recipe.engine import EngineOptions
 
@@ -44,6 +46,8 @@ def rollout_at_t1(
         str(ckpt), spec, EngineOptions(max_model_len=1024, seed=seed, dtype=dtype), None, free_cache_engine=False
     )
     try:
+        if warmup:
+            engine.generate(list(warmup), 1, {"temperature": 1.0, "top_p": 1.0, "max_tokens": 32}, False)
         return engine.generate(prompts, n, {"temperature": 1.0, "top_p": 1.0, "max_tokens": max_tokens}, progress)
     finally:
         engine.close()
@@ -206,13 +210,14 @@ def mtp_acceptance(
     progress: bool = True,
     draft_sample_method: str = "greedy",
     dtype: str = "bfloat16",
+    warmup: list[list[int]] = (),
 ) -> dict:
     """The checkpoint's MTP head drafting in vLLM (method ``mtp``, one token) at T=1: the share of its drafts
     accepted, tokens per request-step and the rollout's tokens/s."""
     from recipe.engine import speculative_config
 
     spec = speculative_config("mtp", 1, draft_sample_method=draft_sample_method)
-    s = rollout_at_t1(ckpt, spec, prompts, n, max_tokens, seed, progress, dtype).timeline.summary(8)
+    s = rollout_at_t1(ckpt, spec, prompts, n, max_tokens, seed, progress, dtype, warmup).timeline.summary(8)
     return {
         "acceptance": s["accepted_tokens"] / max(s["draft_tokens"], 1.0),
         "tokens_per_request_step": s["tokens_per_request_step"],

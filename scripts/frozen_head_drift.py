@@ -9,6 +9,12 @@ checkpoints, with the starting head (what a frozen head drafts) and each checkpo
 Writes ``<out>/frozen_head_drift.{json,md}``. Every checkpoint must share the starting checkpoint's trunk lineage
 (a run started from it, or from the same trunk with another head); the probe is the starting policy's responses
 kept by such a run.
+
+``--rollout-prompts K`` also serves each checkpoint in vLLM twice, with its own head and with the starting head
+swapped onto its trunk (what a frozen-head run would serve at that policy), ``--rollout-repeats`` times in
+alternating order on K held-out prompts x ``--rollout-n`` at T=1, and reports rollout tokens/s, drafts accepted and
+tokens per request-step: the throughput side of online vs frozen at the same policy, which two training runs could
+only compare across diverging policies.
 """
 
 from __future__ import annotations
@@ -17,11 +23,19 @@ import argparse
 import json
 import shlex
 import sys
+import tempfile
 from pathlib import Path
+
+import numpy as np
+import torch
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
+from mtp.checkpoint import load_checkpoint, load_tokenizer, save_checkpoint  # noqa: E402
+from recipe.dapo.drift import DriftProbe  # noqa: E402
+
+WARMUP_PROMPTS = 4  # held-out prompts each fresh engine samples, unmeasured, before its measured rollout
 DRIFT_KEYS = (
     ("drift/kl_from_start", "KL from start"),
     ("drift/mtp_accept_start_head", "start head, argmax"),
@@ -41,18 +55,63 @@ def parse_policy(text: str) -> tuple[str, Path]:
     return label, Path(path)
 
 
+def with_start_head(policy: Path, start_head: torch.nn.ModuleList, out: Path) -> Path:
+    """The policy checkpoint with the starting MTP head in place of its own, written to ``out``."""
+    model = load_checkpoint(policy)
+    model.model.mtp_layers.load_state_dict(start_head.state_dict())
+    dtype = getattr(torch, json.loads((policy / "config.json").read_text()).get("torch_dtype", "float32"))
+    return save_checkpoint(model, load_tokenizer(policy), out, dtype=dtype)
+
+
+def rollout_ab(
+    policy: Path, swapped: Path, prompts: list[list[int]], warmup: list[list[int]], args: argparse.Namespace
+) -> dict:
+    """Own head vs the starting head on the policy's trunk, served in vLLM (method ``mtp``, one draft token, the
+    experiment's probabilistic drafts), repeats in alternating order; medians and the median paired ratio."""
+    from mtp.head_training import mtp_acceptance
+
+    runs: dict[str, list[dict]] = {"own": [], "start": []}
+    for rep in range(args.rollout_repeats):
+        order = (("own", policy), ("start", swapped)) if rep % 2 == 0 else (("start", swapped), ("own", policy))
+        for head, ckpt in order:
+            runs[head].append(
+                mtp_acceptance(
+                    ckpt, prompts, args.rollout_n, args.max_tokens, args.seed + rep, progress=False,
+                    draft_sample_method="probabilistic", dtype=args.dtype, warmup=warmup,
+                )
+            )  # fmt: skip
+    out = {}
+    for head, rows in runs.items():
+        for key in ("rollout_tok_s", "acceptance", "tokens_per_request_step"):
+            out[f"rollout/{head}_head_{key}"] = float(np.median([r[key] for r in rows]))
+    ratios = [o["rollout_tok_s"] / s["rollout_tok_s"] for o, s in zip(runs["own"], runs["start"], strict=True)]
+    out["rollout/own_over_start_tok_s"] = float(np.median(ratios))
+    out["rollout/own_over_start_tok_s_runs"] = ratios
+    return out
+
+
+def held_out_prompts(checkpoint: Path, count: int) -> list[list[int]]:
+    """The word problems' test split, chat-templated: prompts no run trained on."""
+    from recipe.dapo.data import load_prompts
+    from recipe.data.word_problems import write_splits
+
+    _, test_file = write_splits()
+    return load_prompts(str(test_file), load_tokenizer(checkpoint), 512, count)[1]
+
+
 def main() -> None:
-    import torch
-
-    from mtp.checkpoint import load_checkpoint
-    from recipe.dapo.drift import DriftProbe
-
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--start", type=Path, required=True, help="the starting checkpoint, with the frozen head")
     parser.add_argument("--probe", type=Path, required=True, help="a run's drift_probe.json (the start's responses)")
     parser.add_argument("--policy", type=parse_policy, action="append", required=True, help="LABEL=CHECKPOINT_DIR")
     parser.add_argument("--temperature", type=float, default=1.0, help="the rollout temperature")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "results" / "real")
+    parser.add_argument("--rollout-prompts", type=int, default=0, help="held-out prompts per rollout (0: no rollouts)")
+    parser.add_argument("--rollout-n", type=int, default=8, help="samples per prompt (the DAPO group)")
+    parser.add_argument("--rollout-repeats", type=int, default=2, help="rollouts per head, in alternating order")
+    parser.add_argument("--max-tokens", type=int, default=256, help="response budget (the experiment's)")
+    parser.add_argument("--dtype", default="float32", help="the engine's dtype (the experiment's)")
+    parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     if not args.probe.is_file():
         parser.error(f"--probe {args.probe}: no such file")
@@ -61,8 +120,15 @@ def main() -> None:
     start = load_checkpoint(args.start)
     probe = DriftProbe(start, sequences, args.temperature)
     rows = [{"policy": "start", "checkpoint": str(args.start), **probe.measure(start)}]
+    # the rollouts' prompts, and after them other held-out prompts that warm each fresh engine up, unmeasured
+    held_out = held_out_prompts(args.start, args.rollout_prompts + WARMUP_PROMPTS) if args.rollout_prompts else []
+    prompts, warmup = held_out[: args.rollout_prompts], held_out[args.rollout_prompts :]
     for label, path in args.policy:
         rows.append({"policy": label, "checkpoint": str(path), **probe.measure(load_checkpoint(path))})
+        if prompts:
+            with tempfile.TemporaryDirectory() as tmp:
+                swapped = with_start_head(path, start.model.mtp_layers, Path(tmp) / "start_head")
+                rows[-1].update(rollout_ab(path, swapped, prompts, warmup, args))
         print(json.dumps(rows[-1]), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "frozen_head_drift.json").write_text(json.dumps(rows, indent=1))
@@ -77,6 +143,27 @@ def main() -> None:
     ]
     for row in rows:
         lines.append(f"| {row['policy']} | " + " | ".join(f"{row[key]:.3f}" for key, _ in DRIFT_KEYS) + " |")
+    served = [row for row in rows if "rollout/own_over_start_tok_s" in row]
+    if served:
+        lines += [
+            "",
+            f"Served in vLLM (method `mtp`, one probabilistic draft token, T=1, {args.rollout_prompts} held-out prompts x "
+            f"{args.rollout_n}, up to {args.max_tokens} tokens, {args.dtype}, {args.rollout_repeats} rollouts per head in "
+            "alternating order; medians): the policy's own head against the starting head swapped onto its trunk.",
+            "",
+            "| policy | own head tok/s | start head tok/s | own / start (paired) | own head accepted | start head "
+            "accepted | own tokens/request-step | start tokens/request-step |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for row in served:
+            ratios = ", ".join(f"{r:.3f}" for r in row["rollout/own_over_start_tok_s_runs"])
+            lines.append(
+                f"| {row['policy']} | {row['rollout/own_head_rollout_tok_s']:.1f} | "
+                f"{row['rollout/start_head_rollout_tok_s']:.1f} | {row['rollout/own_over_start_tok_s']:.3f} ({ratios}) | "
+                f"{row['rollout/own_head_acceptance']:.3f} | {row['rollout/start_head_acceptance']:.3f} | "
+                f"{row['rollout/own_head_tokens_per_request_step']:.3f} | "
+                f"{row['rollout/start_head_tokens_per_request_step']:.3f} |"
+            )
     (args.out / "frozen_head_drift.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

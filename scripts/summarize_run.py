@@ -91,6 +91,39 @@ def pooled_rise(validation_dirs: list[Path]) -> list[dict]:
     return out
 
 
+# the drift probe's columns (recipe/dapo/drift.py) and the engine's own acceptance in the same step
+DRIFT_COLUMNS = (
+    ("drift/kl_from_start", "KL from start"),
+    ("drift/mtp_accept_sampled_start_head", "start (frozen) head, sampled"),
+    ("drift/mtp_accept_sampled_head", "run's head, sampled"),
+    ("drift/mtp_accept_start_head", "start head, argmax"),
+    ("drift/mtp_accept_head", "run's head, argmax"),
+    ("rollout/spec_draft_acceptance_rate", "engine: drafts accepted"),
+    ("rollout/throughput_tok_s", "rollout tok/s"),
+)
+
+
+def drift_table(history: list[dict]) -> list[str]:
+    """Per step, the drift probe's KL from the starting policy and both heads' expected acceptance on the current
+    policy (the starting head is what a frozen-head run drafts with), beside what the engine accepted; no lines for a
+    run without the probe."""
+    rows = [r for r in history if "drift/kl_from_start" in r]
+    if not rows:
+        return []
+    lines = [
+        "",
+        "Drift probe per step (expected acceptance of one draft token on the step's policy, over the starting policy's "
+        "probe responses; the engine's acceptance is over the step's own rollout):",
+        "",
+        "| step | " + " | ".join(name for _, name in DRIFT_COLUMNS) + " |",
+        "|---|" + "---|" * len(DRIFT_COLUMNS),
+    ]
+    for r in rows:
+        cells = [f"{r[key]:.3f}" if key in r else "-" for key, _ in DRIFT_COLUMNS]
+        lines.append(f"| {r['step']} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def main() -> None:
     from recipe.dapo.report import PROBE_ACC, plot_run
 
@@ -159,6 +192,7 @@ def main() -> None:
             f"Training reward on the fixed probe (`{probe_key}`: the first training prompts, sampled as in "
             "rollouts): " + ", ".join(f"step {s}: {v:.3f}" for s, v in probes) + ".",
         ]
+    lines += drift_table(history)
     lines += [
         "",
         "`critic/score/mean` is the mean DAPO reward of the kept (non-zero-variance) groups; "

@@ -181,8 +181,8 @@ def plots(runs: dict[str, list[dict]], runs_dir: Path, out: Path) -> None:
 
 def drift_plot(runs: dict[str, list[dict]], path: Path) -> None:
     """How far each run's policy moved (KL from its start on the drift probe, per step), and the MTP heads'
-    acceptance against that drift: the starting head's and the run's head's expected acceptance on the probe, and
-    vLLM's measured draft acceptance rate of the step's rollout."""
+    acceptance against that drift: the starting head's and the run's head's expected acceptance on the probe (of an
+    argmax and of a sampled draft), and vLLM's measured draft acceptance rate of the step's rollout."""
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4))
@@ -191,10 +191,12 @@ def drift_plot(runs: dict[str, list[dict]], path: Path) -> None:
         if not len(kl):
             continue
         axes[0].plot(steps, kl, label=mode, lw=1.5)
-        for key, style, name in (("drift/mtp_accept_start_head", ":", "starting head"),
-                                 ("drift/mtp_accept_head", "-", "run's head"),
+        for key, style, name in (("drift/mtp_accept_start_head", ":", "starting head, argmax"),
+                                 ("drift/mtp_accept_head", "-", "run's head, argmax"),
+                                 ("drift/mtp_accept_sampled_start_head", "x:", "starting head, sampled"),
+                                 ("drift/mtp_accept_sampled_head", "x-", "run's head, sampled"),
                                  ("rollout/spec_draft_acceptance_rate", ".", "vLLM measured")):  # fmt: skip
-            if not mode.startswith("mtp") and key != "drift/mtp_accept_start_head":
+            if not mode.startswith("mtp") and "start_head" not in key:
                 continue
             rows = [r for r in h if key in r and "drift/kl_from_start" in r]
             if rows:

@@ -117,8 +117,10 @@ QUARTER_METRICS = (
     ("mtp/head_loss", "MTP head loss", 3),
     ("train/gen_score_mean", "reward (all generated)", 3),
     ("drift/kl_from_start", "KL from the starting policy (drift probe)", 4),
-    ("drift/mtp_accept_start_head", "starting (frozen) head's expected acceptance (drift probe)", 3),
-    ("drift/mtp_accept_head", "the run's head's expected acceptance (drift probe)", 3),
+    ("drift/mtp_accept_start_head", "starting (frozen) head's expected acceptance, argmax draft (drift probe)", 3),
+    ("drift/mtp_accept_head", "the run's head's expected acceptance, argmax draft (drift probe)", 3),
+    ("drift/mtp_accept_sampled_start_head", "starting (frozen) head's, sampled draft (drift probe)", 3),
+    ("drift/mtp_accept_sampled_head", "the run's head's, sampled draft (drift probe)", 3),
     ("rollout/spec_draft_acceptance_rate", "vLLM draft acceptance rate", 3),
 )
 

@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import copy
+import importlib.util
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from test_mtp import tiny_model
 
+from mtp.checkpoint import load_checkpoint, save_checkpoint
 from recipe.dapo.drift import DriftProbe, load_or_sample_probe
 
 TEMPERATURE = 0.7
+_spec = importlib.util.spec_from_file_location(
+    "frozen_head_drift", Path(__file__).resolve().parents[2] / "scripts" / "frozen_head_drift.py"
+)
+frozen_head_drift = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(frozen_head_drift)
 
 
 def probe_sequences(seed: int = 3) -> list[dict]:
@@ -91,3 +99,28 @@ def test_the_probe_is_sampled_once_and_read_back_by_a_resumed_run(tmp_path):
     first = load_or_sample_probe(tmp_path, sample)
     again = load_or_sample_probe(tmp_path, sample)
     assert calls == [1] and again == first
+
+
+def test_the_start_head_swapped_onto_a_policy_checkpoint_drafts_as_the_probe_scores_the_start_head(tmp_path):
+    """scripts/frozen_head_drift.py serves what a frozen-head run would at a policy: the policy's trunk, the start's
+    head. The probe of the swapped checkpoint must see the policy's KL, and its own head must score as the start head
+    did on the policy."""
+    from recipe.data.task import generate_rows
+    from recipe.data.tokenizer import train_tokenizer
+
+    rows = generate_rows(200, seed=0, split="train")
+    tokenizer = train_tokenizer([r["extra_info"]["solution"] for r in rows], vocab_size=280)
+    start = tiny_model(seed=0)
+    policy = copy.deepcopy(start)
+    with torch.no_grad():
+        for i, p in enumerate(policy.parameters()):
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(i)) * 0.05)
+    policy_dir = save_checkpoint(policy, tokenizer, tmp_path / "policy", dtype=torch.float32)
+    swapped = frozen_head_drift.with_start_head(policy_dir, start.model.mtp_layers, tmp_path / "swapped")
+    probe = DriftProbe(copy.deepcopy(start), probe_sequences(), TEMPERATURE)
+    on_policy = probe.measure(load_checkpoint(policy_dir))
+    on_swapped = probe.measure(load_checkpoint(swapped))
+    assert abs(on_swapped["drift/kl_from_start"] - on_policy["drift/kl_from_start"]) < 1e-7
+    for metric in ("mtp_accept", "mtp_top1", "mtp_accept_sampled"):
+        assert abs(on_swapped[f"drift/{metric}_head"] - on_policy[f"drift/{metric}_start_head"]) < 1e-6, metric
+    assert abs(on_policy["drift/mtp_accept_head"] - on_policy["drift/mtp_accept_start_head"]) > 1e-4

@@ -107,3 +107,30 @@ def test_a_rise_weak_in_each_seed_is_significant_pooled_and_opposite_runs_cancel
     assert pooled["last"] == [summarize_run.heldout_rise(d)[0]["last"] for d in rose]
     assert pooled["mean_rise"] == pytest.approx(np.mean(pooled["last"]) - before.mean())  # every seed counts
     assert summarize_run.pooled_rise(mixed)[0]["p_value"] > 0.05
+
+
+def test_the_drift_table_names_keys_the_probe_and_the_rollout_log_and_has_a_row_per_probed_step():
+    import copy
+
+    from test_drift import probe_sequences
+    from test_mtp import tiny_model
+
+    from recipe.dapo.drift import DriftProbe
+    from recipe.dapo.timeline import RolloutTimeline, step_rollout_metrics
+    from recipe.engine import SpecCounters
+
+    start = tiny_model(seed=0)
+    drift = DriftProbe(copy.deepcopy(start), probe_sequences(), 1.0).measure(start)
+    tl = RolloutTimeline(num_requests=4)
+    tl.step(0.0, 0.01, 4, 4, 8, SpecCounters(4, 12, 4))
+    tl.finish("r0", 10, 0.01)
+    logged = step_rollout_metrics([tl.summary(tail_threshold=8)])
+    assert {key for key, _ in summarize_run.DRIFT_COLUMNS} <= set(drift) | set(logged)
+    history = [{"step": 0}, {"step": 1, **drift, **logged}, {"step": 2, **drift, "drift/kl_from_start": 0.25}]
+    table = summarize_run.drift_table(history)
+    assert [line.split(" | ")[0] for line in table if line.startswith("| 1 ") or line.startswith("| 2 ")] == [
+        "| 1",
+        "| 2",
+    ]
+    assert table[-1].startswith("| 2 | 0.250 | ") and table[-1].endswith(" | - | - |")  # step 2 logged no rollout
+    assert summarize_run.drift_table([{"step": 1, "critic/score/mean": 0.5}]) == []
