@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +25,8 @@ from mtp.loss import masked_ce, mtp_targets
 from mtp.model import packed_positions, rope_cos_sin, run_mtp_layers
 from recipe.sft.train import TokenizedExample, pack_batches
 
+WARMUP_PROMPTS = 4  # prompts a fresh engine samples, unmeasured, before a rollout whose tokens/s is reported
+
 
 def rollout_at_t1(
     ckpt: str | Path,
@@ -34,7 +37,7 @@ def rollout_at_t1(
     seed: int,
     progress: bool,
     dtype: str = "bfloat16",
-    warmup: list[list[int]] = (),
+    warmup: Sequence[list[int]] = (),
 ):
     """One rollout of ``n`` samples per prompt at T=1 in a fresh in-process vLLM engine with ``spec`` in ``dtype``,
     closed after. ``warmup`` prompts are sampled first (one 32-token sample each, not measured): a fresh engine's
@@ -210,7 +213,7 @@ def mtp_acceptance(
     progress: bool = True,
     draft_sample_method: str = "greedy",
     dtype: str = "bfloat16",
-    warmup: list[list[int]] = (),
+    warmup: Sequence[list[int]] = (),
 ) -> dict:
     """The checkpoint's MTP head drafting in vLLM (method ``mtp``, one token) at T=1: the share of its drafts
     accepted, tokens per request-step and the rollout's tokens/s."""

@@ -33,16 +33,9 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 from mtp.checkpoint import load_checkpoint, load_tokenizer, save_checkpoint  # noqa: E402
-from recipe.dapo.drift import DriftProbe  # noqa: E402
-
-WARMUP_PROMPTS = 4  # held-out prompts each fresh engine samples, unmeasured, before its measured rollout
-DRIFT_KEYS = (
-    ("drift/kl_from_start", "KL from start"),
-    ("drift/mtp_accept_start_head", "start head, argmax"),
-    ("drift/mtp_accept_sampled_start_head", "start head, sampled"),
-    ("drift/mtp_accept_head", "own head, argmax"),
-    ("drift/mtp_accept_sampled_head", "own head, sampled"),
-)
+from mtp.head_training import WARMUP_PROMPTS, mtp_acceptance  # noqa: E402
+from mtp.model import MiMoForCausalLM  # noqa: E402
+from recipe.dapo.drift import METRIC_LABELS, DriftProbe  # noqa: E402
 
 
 def parse_policy(text: str) -> tuple[str, Path]:
@@ -55,9 +48,9 @@ def parse_policy(text: str) -> tuple[str, Path]:
     return label, Path(path)
 
 
-def with_start_head(policy: Path, start_head: torch.nn.ModuleList, out: Path) -> Path:
-    """The policy checkpoint with the starting MTP head in place of its own, written to ``out``."""
-    model = load_checkpoint(policy)
+def with_start_head(model: MiMoForCausalLM, policy: Path, start_head: torch.nn.ModuleList, out: Path) -> Path:
+    """``model`` (loaded from the checkpoint ``policy``) with the starting MTP head in place of its own, written to
+    ``out``; the head is replaced in ``model`` itself."""
     model.model.mtp_layers.load_state_dict(start_head.state_dict())
     dtype = getattr(torch, json.loads((policy / "config.json").read_text()).get("torch_dtype", "float32"))
     return save_checkpoint(model, load_tokenizer(policy), out, dtype=dtype)
@@ -68,8 +61,6 @@ def rollout_ab(
 ) -> dict:
     """Own head vs the starting head on the policy's trunk, served in vLLM (method ``mtp``, one draft token, the
     experiment's probabilistic drafts), repeats in alternating order; medians and the median paired ratio."""
-    from mtp.head_training import mtp_acceptance
-
     runs: dict[str, list[dict]] = {"own": [], "start": []}
     for rep in range(args.rollout_repeats):
         order = (("own", policy), ("start", swapped)) if rep % 2 == 0 else (("start", swapped), ("own", policy))
@@ -124,10 +115,11 @@ def main() -> None:
     held_out = held_out_prompts(args.start, args.rollout_prompts + WARMUP_PROMPTS) if args.rollout_prompts else []
     prompts, warmup = held_out[: args.rollout_prompts], held_out[args.rollout_prompts :]
     for label, path in args.policy:
-        rows.append({"policy": label, "checkpoint": str(path), **probe.measure(load_checkpoint(path))})
+        policy = load_checkpoint(path)
+        rows.append({"policy": label, "checkpoint": str(path), **probe.measure(policy)})
         if prompts:
             with tempfile.TemporaryDirectory() as tmp:
-                swapped = with_start_head(path, start.model.mtp_layers, Path(tmp) / "start_head")
+                swapped = with_start_head(policy, path, start.model.mtp_layers, Path(tmp) / "start_head")
                 rows[-1].update(rollout_ab(path, swapped, prompts, warmup, args))
         print(json.dumps(rows[-1]), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -138,11 +130,11 @@ def main() -> None:
         "acceptance of one draft token on the checkpoint's policy, over the probe's response positions: argmax = "
         "the policy's probability of the head's top token; sampled = sum(min(p, q)), a draft sampled from the head.",
         "",
-        "| policy | " + " | ".join(name for _, name in DRIFT_KEYS) + " |",
-        "|---|" + "---|" * len(DRIFT_KEYS),
+        "| policy | " + " | ".join(METRIC_LABELS.values()) + " |",
+        "|---|" + "---|" * len(METRIC_LABELS),
     ]
     for row in rows:
-        lines.append(f"| {row['policy']} | " + " | ".join(f"{row[key]:.3f}" for key, _ in DRIFT_KEYS) + " |")
+        lines.append(f"| {row['policy']} | " + " | ".join(f"{row[key]:.3f}" for key in METRIC_LABELS) + " |")
     served = [row for row in rows if "rollout/own_over_start_tok_s" in row]
     if served:
         lines += [

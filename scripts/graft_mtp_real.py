@@ -80,7 +80,7 @@ def main() -> None:
 
     from mtp.checkpoint import load_tokenizer
     from mtp.graft import graft_mtp
-    from mtp.head_training import mtp_acceptance, own_samples, train_head
+    from mtp.head_training import WARMUP_PROMPTS, mtp_acceptance, own_samples, train_head
     from recipe.dapo.data import load_prompts
     from recipe.data.word_problems import write_splits
     from recipe.models import CACHE_DIR, resolve_model
@@ -96,8 +96,8 @@ def main() -> None:
     tokenizer = load_tokenizer(grafted)
     train_file, test_file = write_splits()
     _, train_prompts = load_prompts(str(train_file), tokenizer, 512, args.train_prompts)
-    _, held_out = load_prompts(str(test_file), tokenizer, 512, args.eval_prompts + 4)
-    # the last 4 warm each fresh engine up, unmeasured, so the rollouts' tokens/s leave out its first steps
+    _, held_out = load_prompts(str(test_file), tokenizer, 512, args.eval_prompts + WARMUP_PROMPTS)
+    # the last ones warm each fresh engine up, unmeasured, so the rollouts' tokens/s leave out its first steps
     eval_prompts, warmup = held_out[: args.eval_prompts], held_out[args.eval_prompts :]
     report: dict = {"args": vars(args)}
 

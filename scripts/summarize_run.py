@@ -17,6 +17,8 @@ import pandas as pd
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
+from recipe.dapo.drift import METRIC_LABELS  # noqa: E402
+
 
 def problem_accuracy(path: Path) -> pd.Series:
     """Per held-out problem (its prompt), the mean accuracy of its samples in one of veRL's validation dumps."""
@@ -91,13 +93,9 @@ def pooled_rise(validation_dirs: list[Path]) -> list[dict]:
     return out
 
 
-# the drift probe's columns (recipe/dapo/drift.py) and the engine's own acceptance in the same step
+# the drift probe's columns and the engine's own acceptance in the same step
 DRIFT_COLUMNS = (
-    ("drift/kl_from_start", "KL from start"),
-    ("drift/mtp_accept_sampled_start_head", "start (frozen) head, sampled"),
-    ("drift/mtp_accept_sampled_head", "run's head, sampled"),
-    ("drift/mtp_accept_start_head", "start head, argmax"),
-    ("drift/mtp_accept_head", "run's head, argmax"),
+    *METRIC_LABELS.items(),
     ("rollout/spec_draft_acceptance_rate", "engine: drafts accepted"),
     ("rollout/throughput_tok_s", "rollout tok/s"),
 )

@@ -28,6 +28,15 @@ from mtp.loss import mtp_targets, next_token_targets
 from mtp.model import MiMoForCausalLM, packed_positions, rope_cos_sin, run_mtp_layers
 
 DRIFT_PROBE_FILE = "drift_probe.json"  # the probe's token ids, in the run directory
+# what measure() returns for the tables that show it (scripts/summarize_run.py, scripts/frozen_head_drift.py); the top-1
+# agreement columns it also returns are left out of them
+METRIC_LABELS = {
+    "drift/kl_from_start": "KL from start",
+    "drift/mtp_accept_start_head": "start head, argmax",
+    "drift/mtp_accept_sampled_start_head": "start head, sampled",
+    "drift/mtp_accept_head": "own head, argmax",
+    "drift/mtp_accept_sampled_head": "own head, sampled",
+}
 
 
 class DriftProbe:

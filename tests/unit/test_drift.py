@@ -116,9 +116,11 @@ def test_the_start_head_swapped_onto_a_policy_checkpoint_drafts_as_the_probe_sco
         for i, p in enumerate(policy.parameters()):
             p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(i)) * 0.05)
     policy_dir = save_checkpoint(policy, tokenizer, tmp_path / "policy", dtype=torch.float32)
-    swapped = frozen_head_drift.with_start_head(policy_dir, start.model.mtp_layers, tmp_path / "swapped")
     probe = DriftProbe(copy.deepcopy(start), probe_sequences(), TEMPERATURE)
     on_policy = probe.measure(load_checkpoint(policy_dir))
+    swapped = frozen_head_drift.with_start_head(
+        load_checkpoint(policy_dir), policy_dir, start.model.mtp_layers, tmp_path / "swapped"
+    )
     on_swapped = probe.measure(load_checkpoint(swapped))
     assert abs(on_swapped["drift/kl_from_start"] - on_policy["drift/kl_from_start"]) < 1e-7
     for metric in ("mtp_accept", "mtp_top1", "mtp_accept_sampled"):
