@@ -21,7 +21,7 @@ import torch
 from tqdm import tqdm
 
 from mtp.checkpoint import load_checkpoint, load_tokenizer, save_checkpoint
-from mtp.loss import masked_ce, mtp_targets
+from mtp.loss import distill_ce, masked_ce, mtp_targets
 from mtp.model import packed_positions, rope_cos_sin, run_mtp_layers
 from recipe.sft.train import TokenizedExample, pack_batches
 
@@ -176,12 +176,10 @@ def train_head(
             accept = accepted.detach().mean()
             if objective == "sampled":
                 loss, acc = masked_ce(logits, c.targets, torch.ones_like(c.targets))
+            elif objective == "distill":
+                loss, acc = distill_ce(logits, teacher, c.targets)
             else:
-                if objective == "distill":
-                    loss = -(teacher * torch.log_softmax(logits.float(), dim=-1)).sum(-1).mean()
-                else:
-                    loss = -accepted.mean()
-                acc = (logits.argmax(-1) == c.targets).float().mean()
+                loss, acc = -accepted.mean(), (logits.argmax(-1) == c.targets).float().mean()
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(layers.parameters(), 1.0)

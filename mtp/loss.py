@@ -15,6 +15,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from mtp import MTP_OBJECTIVES
+
 
 def roll_packed(x: torch.Tensor, cu_seqlens: torch.Tensor, shift: int) -> torch.Tensor:
     """``out[t] = x[t - shift]`` within each sequence of a packed stream; vacated slots are 0.
@@ -74,6 +76,31 @@ def sample_sequences(positions: torch.Tensor, cu_seqlens: torch.Tensor, fraction
     keep = max(1, math.ceil(fraction * held.numel()))
     chosen = held[torch.randperm(held.numel(), device=held.device)[:keep]]
     return positions[torch.isin(seq, chosen)]
+
+
+def distill_ce(
+    logits: torch.Tensor, teacher_probs: torch.Tensor, targets: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-mean CE of the MTP logits against the policy's own distribution of the token they draft
+    (``teacher_probs``: its output one position later, at the rollout temperature), and top-1 accuracy against the
+    sampled ``targets`` (for logging). A probabilistic draft is accepted with ``sum(min(p, q))``; matching the whole of
+    p gives every position the signal the sampled token's CE gets from one draw of it."""
+    loss = -(teacher_probs.detach() * F.log_softmax(logits.float(), dim=-1)).sum(-1).mean()
+    acc = (logits.argmax(-1) == targets).float().mean()
+    return loss, acc.detach()
+
+
+def mtp_loss(
+    objective: str, logits: torch.Tensor, targets: torch.Tensor, teacher_logits: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The online MTP loss and top-1 accuracy at the trained positions: ``sampled``, CE of the sampled token t+2
+    (slime's); ``distill``, :func:`distill_ce` against ``softmax(teacher_logits)``, the policy's logits at t+1 already
+    divided by the rollout temperature (detached here)."""
+    if objective == "sampled":
+        return masked_ce(logits, targets, torch.ones_like(targets))
+    if objective == "distill":
+        return distill_ce(logits, torch.softmax(teacher_logits.detach().float(), dim=-1), targets)
+    raise ValueError(f"spec.mtp.objective={objective!r}: {' | '.join(MTP_OBJECTIVES)}")
 
 
 def masked_ce(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

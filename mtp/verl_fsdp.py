@@ -9,7 +9,8 @@ this platform's vendor key, which veRL's lookup prefers to the device-wide defau
   under the checkpoint's names (``model.mtp_layers.*``), so FSDP shards them, checkpoints save them, and veRL's
   weight sync sends them to the vLLM servers, whose MTP drafter loads them (the plain Qwen2 model drops them);
 - adds the MTP loss of the local backend (recipe/dapo/policy.py) to each micro-batch's backward during the
-  update: CE of the MTP logits at the positions mtp/loss.py's masks train (those of a random share of the
+  update: the MTP loss of ``spec.mtp.objective`` (CE of the sampled token, or of the policy's own distribution of
+  it from the same forward's logits) at the positions mtp/loss.py's masks train (those of a random share of the
   sequences, ``spec.mtp.loss_sequence_fraction``, which the recipe puts in the HF config), on detached trunk hidden states,
   embeddings and LM head, scaled by ``actor_rollout_ref.model.mtp.mtp_loss_scaling_factor`` and by the
   micro-batch's share of the mini-batch's response tokens;
@@ -35,8 +36,8 @@ from verl.utils.metric import AggregationType, Metric
 from verl.workers.engine.base import EngineRegistry
 from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
 
-from mtp import MTP_LOSS_FRACTION_KEY, MTP_LR_KEY
-from mtp.loss import masked_ce, mtp_targets, sample_sequences
+from mtp import MTP_LOSS_FRACTION_KEY, MTP_LR_KEY, MTP_OBJECTIVE_KEY
+from mtp.loss import mtp_loss, mtp_targets, sample_sequences
 from mtp.model import MiMoConfig, MTPLayer, packed_positions, rope_cos_sin, run_mtp_layers
 
 
@@ -83,11 +84,17 @@ class MiMoMTPForCausalLM(Qwen2ForCausalLM):
             self.model.mtp_layers[:1], hidden, embeds, head, cu_seqlens, positions, rope,
             detach_inputs=True, mtp_positions=at,
         )  # fmt: skip
-        mtp_loss, mtp_acc = masked_ce(logits, targets[at], torch.ones_like(at))
-        self.mtp_result = (mtp_loss.detach(), mtp_acc)
+        objective = str(getattr(self.config, MTP_OBJECTIVE_KEY, "sampled"))
+        teacher = None
+        if objective == "distill":
+            # the policy's distribution of token t+2: its logits at t+1, at the rollout temperature
+            full = out.logits[mask.bool()] if mask is not None else out.logits[0, : ids.shape[0]]
+            teacher = full[at + 1].detach().float() / mtp_batch["temperature"][at + 1, None]
+        head_loss, head_acc = mtp_loss(objective, logits, targets[at], teacher)
+        self.mtp_result = (head_loss.detach(), head_acc)
         # the loss rides on the logits' backward: FSDP gathers the parameters again before the backward of the
         # forward's outputs, and a loss kept aside would run its backward on freed parameter storage
-        out.logits = AddLossInBackward.apply(out.logits, mtp_loss, mtp_batch["loss_weight"])
+        out.logits = AddLossInBackward.apply(out.logits, head_loss, mtp_batch["loss_weight"])
         return out
 
 
@@ -179,8 +186,13 @@ class MTPTrainingFSDPEngine(FSDPEngineWithLMHead):
             # token-mean over the mini-batch, as veRL normalises the policy loss (gradients are averaged over ranks)
             tokens = float(mask.values().sum() if mask.is_nested else mask.sum())
             share = tokens * float(micro_batch["dp_size"]) / max(1.0, float(micro_batch["batch_num_tokens"]))
+            # the rollout temperature at each packed position (veRL's is a scalar or one per sequence)
+            temperature = torch.as_tensor(micro_batch["temperature"], dtype=torch.float32, device=ids.values().device)
+            lengths = ids.offsets().diff()
+            temperature = temperature.expand(lengths.numel()) if temperature.dim() == 0 else temperature
             model_inputs["mtp_batch"] = {
                 "input_ids": ids.values(),
+                "temperature": temperature.repeat_interleave(lengths),
                 "cu_seqlens": ids.offsets().to(torch.long),
                 "response_mask": packed_response_mask(micro_batch).to(ids.values().device),
                 "loss_weight": float(self.model_config.mtp.mtp_loss_scaling_factor) * share,
@@ -225,7 +237,12 @@ class MTPTrainingFSDPEngine(FSDPEngineWithLMHead):
 
 
 def cpu_actor_engine(
-    checkpoint: str, train_head: bool, loss_scaling_factor: float, optimizer, loss_sequence_fraction: float = 1.0
+    checkpoint: str,
+    train_head: bool,
+    loss_scaling_factor: float,
+    optimizer,
+    loss_sequence_fraction: float = 1.0,
+    objective: str = "sampled",
 ) -> FSDPEngineWithLMHead:
     """veRL's FSDP2 actor engine for ``checkpoint`` built as the veRL backend's CPU actor builds it (fp32, SDPA,
     padded layout), with the MTP head trained online (on ``loss_sequence_fraction`` of the sequences) or not and veRL's
@@ -240,7 +257,11 @@ def cpu_actor_engine(
         tokenizer_path=f"{checkpoint}/tokenizer",
         use_remove_padding=False,
         enable_gradient_checkpointing=False,
-        override_config={"attn_implementation": "sdpa", MTP_LOSS_FRACTION_KEY: loss_sequence_fraction},
+        override_config={
+            "attn_implementation": "sdpa",
+            MTP_LOSS_FRACTION_KEY: loss_sequence_fraction,
+            MTP_OBJECTIVE_KEY: objective,
+        },
         external_lib="mtp.verl_fsdp",
         mtp=MtpConfig(
             enable=True, enable_rollout=True, enable_train=train_head, mtp_loss_scaling_factor=loss_scaling_factor

@@ -32,6 +32,8 @@ import numpy as np
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
+from mtp import MTP_OBJECTIVES  # noqa: E402
+
 MODES = ("frozen", "online")
 
 
@@ -167,6 +169,7 @@ def verl_updates(checkpoint: Path, batch, cfg) -> dict[str, Callable[[], None]]:
                 lr=float(actor_cfg.optim.lr), clip_grad=float(actor_cfg.grad_clip), total_training_steps=1000
             ),
             loss_sequence_fraction=float(cfg.spec.mtp.loss_sequence_fraction),
+            objective=str(cfg.spec.mtp.objective),
         )  # fmt: skip
 
         def update(engine=engine) -> None:
@@ -245,6 +248,9 @@ def main() -> None:
     parser.add_argument(
         "--loss-sequence-fraction", type=float, default=1.0, help="spec.mtp.loss_sequence_fraction of the online mode"
     )
+    parser.add_argument(
+        "--objective", default="sampled", choices=MTP_OBJECTIVES, help="spec.mtp.objective of the online mode"
+    )
     parser.add_argument("--out", default=str(REPO_ROOT / "results" / "mtp"))
     args = parser.parse_args()
 
@@ -277,6 +283,7 @@ def main() -> None:
     overrides += [
         f"actor_rollout_ref.rollout.n={args.n}",
         f"spec.mtp.loss_sequence_fraction={args.loss_sequence_fraction}",
+        f"spec.mtp.objective={args.objective}",
     ]
     rows = []
     with tempfile.TemporaryDirectory(prefix="mtp-overhead-") as tmp:
@@ -296,6 +303,8 @@ def main() -> None:
     fraction = f" --loss-sequence-fraction {args.loss_sequence_fraction}" if args.loss_sequence_fraction != 1 else ""
     name = f"overhead_{args.backend}" + (f"_{Path(args.model).name}" if args.model else "")
     name += f"_sequences{args.loss_sequence_fraction}" if fraction else ""
+    objective = f" --objective {args.objective}" if args.objective != "sampled" else ""
+    name += f"_{args.objective}" if objective else ""
     (out / f"{name}.json").write_text(json.dumps(rows, indent=2))
     tokens = int(batch.batch["attention_mask"].sum())
     shape = (
@@ -303,7 +312,7 @@ def main() -> None:
     )
     lines = [
         f"Produced by `.venv/bin/python scripts/bench_mtp_overhead.py --backend {args.backend} {shape} --prompts "
-        f"{args.prompts} --n {args.n} --reps {args.reps} --mini {args.mini} --micro {args.micro}{fraction}`: "
+        f"{args.prompts} --n {args.n} --reps {args.reps} --mini {args.mini} --micro {args.micro}{fraction}{objective}`: "
         f"{len(batch)} responses ({tokens} tokens, micro-batch {args.micro}, "
         f"mini-batch {args.mini} groups), {args.reps} reps of both modes back to back (order alternating); times are "
         "medians, the overhead is the median of the per-rep ratios (interquartile range in brackets).",

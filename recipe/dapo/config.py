@@ -12,7 +12,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from mtp import MTP_LOSS_FRACTION_KEY, MTP_LR_KEY
+from mtp import MTP_LOSS_FRACTION_KEY, MTP_LR_KEY, MTP_OBJECTIVE_KEY, MTP_OBJECTIVES
 from recipe.engine import K_BY_BATCH_KEY, SPEC_METHODS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -61,6 +61,19 @@ def validate(cfg: DictConfig) -> None:
         )
         _require(spec.mtp.loss_scaling_factor >= 0, "spec.mtp.loss_scaling_factor", "must be >= 0")
         _require(spec.mtp.lr is None or spec.mtp.lr > 0, "spec.mtp.lr", f"must be null or > 0, got {spec.mtp.lr}")
+        _require(
+            spec.mtp.objective in MTP_OBJECTIVES,
+            "spec.mtp.objective",
+            f"must be one of {MTP_OBJECTIVES}, got {spec.mtp.objective!r}",
+        )
+        _require(
+            spec.mtp.objective == "sampled"
+            or cfg.backend != "verl"
+            or cfg.actor_rollout_ref.actor.strategy != "megatron",
+            "spec.mtp.objective",
+            "is for the local backend and veRL's FSDP actor (mtp/verl_fsdp.py); a Megatron actor trains its MTP "
+            "head on the sampled token: leave it sampled",
+        )
         fraction = spec.mtp.loss_sequence_fraction
         _require(0 < fraction <= 1, "spec.mtp.loss_sequence_fraction", f"must be in (0, 1], got {fraction}")
         _require(
@@ -280,6 +293,7 @@ def spec_overrides(spec: DictConfig) -> dict[str, object]:
                 f"+actor_rollout_ref.model.override_config.{MTP_LOSS_FRACTION_KEY}": float(
                     spec.mtp.loss_sequence_fraction
                 ),
+                f"+actor_rollout_ref.model.override_config.{MTP_OBJECTIVE_KEY}": str(spec.mtp.objective),
             }
             if spec.mtp.train == "online"
             # frozen: the actor holds the trunk only (Qwen2ForCausalLM drops model.mtp_layers.*) and weight sync

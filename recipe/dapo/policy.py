@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig
 
-from mtp.loss import masked_ce, mtp_targets, roll_packed, sample_sequences
+from mtp.loss import mtp_loss, mtp_targets, roll_packed, sample_sequences
 from mtp.model import MiMoForCausalLM
 from recipe.dapo.timeline import timed
 
@@ -95,10 +95,16 @@ class ForwardOut:
 
 
 def forward_rows(
-    model: MiMoForCausalLM, batch, temperature: float, with_mtp: bool, grad: bool = True, mtp_fraction: float = 1.0
+    model: MiMoForCausalLM,
+    batch,
+    temperature: float,
+    with_mtp: bool,
+    grad: bool = True,
+    mtp_fraction: float = 1.0,
+    mtp_objective: str = "sampled",
 ) -> ForwardOut:
-    """Response-token log-probs (and the online MTP loss on the same forward, inputs detached, over a random
-    ``mtp_fraction`` of the sequences it trains)."""
+    """Response-token log-probs (and the MTP loss of ``mtp_objective`` on the same forward, inputs detached, over a
+    random ``mtp_fraction`` of the sequences it trains; ``distill`` takes its teacher from this forward's logits)."""
     rows = pack_rows(batch)
     width = batch.batch["responses"].shape[1]
     mtp_positions = mtp_target_ids = None
@@ -116,14 +122,15 @@ def forward_rows(
         targets = roll_packed(rows.input_ids, rows.cu_seqlens, -1)
         token_logp = logp_all.gather(-1, targets[:, None]).squeeze(-1)
         entropy = -(logp_all.exp() * logp_all).sum(-1)
-        mtp_loss = mtp_acc = None
+        head_loss = head_acc = None
         if with_mtp:
-            mtp_loss, mtp_acc = masked_ce(out.mtp_logits[0], mtp_target_ids, torch.ones_like(mtp_target_ids))
+            # the policy's distribution of token t+2 is its output at t+1
+            head_loss, head_acc = mtp_loss(mtp_objective, out.mtp_logits[0], mtp_target_ids, logits[mtp_positions + 1])
     return ForwardOut(
         unpack_to_responses(token_logp, rows, width),
         unpack_to_responses(entropy.detach(), rows, width),
-        mtp_loss,
-        mtp_acc,
+        head_loss,
+        head_acc,
     )
 
 
@@ -225,10 +232,14 @@ class Actor:
         # a frozen head's loss and top-1 accuracy on this step's responses come from the no-grad old-log-prob
         # forward; an online head reports them from its training forward in the update below
         frozen_head = self.spec_method == "mtp" and not self.mtp_online
+        objective = str(cfg.spec.mtp.objective)
         with timed(timing, "old_log_prob"):
             olds = []
             for i in range(0, len(batch), micro):
-                out = forward_rows(self.policy, batch[i : i + micro], temperature, with_mtp=frozen_head, grad=False)
+                out = forward_rows(
+                    self.policy, batch[i : i + micro], temperature, with_mtp=frozen_head, grad=False,
+                    mtp_objective=objective,
+                )  # fmt: skip
                 olds.append(out.log_probs)
                 if out.mtp_loss is not None:
                     head_metrics.setdefault("mtp/head_loss", []).append(out.mtp_loss.item())
@@ -257,8 +268,9 @@ class Actor:
                     for u0 in range(0, len(mini), micro):
                         mb = mini[u0 : u0 + micro]
                         out = forward_rows(
-                            self.policy, mb, temperature, with_mtp=self.mtp_online, mtp_fraction=mtp_fraction
-                        )
+                            self.policy, mb, temperature, with_mtp=self.mtp_online, mtp_fraction=mtp_fraction,
+                            mtp_objective=objective,
+                        )  # fmt: skip
                         mask = mb.batch["response_mask"]
                         pg_loss, pg_metrics = self.policy_loss(
                             mb.batch["old_log_probs"], out.log_probs, mb.batch["advantages"], mask

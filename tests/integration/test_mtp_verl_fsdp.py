@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -32,6 +33,7 @@ def test_the_policy_update_on_verl_fsdp_is_unchanged_by_the_online_head(harness_
     joint = update(harness_model, tmp_path / "joint.pt", "online", "joint")
     head_lr = update(harness_model, tmp_path / "head_lr.pt", "online", "head_lr=1e-4")
     half = update(harness_model, tmp_path / "half.pt", "online", "fraction=0.5")
+    distill = update(harness_model, tmp_path / "distill.pt", "online", "objective=distill", "temperature=0.7")
     start = load_file(harness_model / "model.safetensors")
 
     policy = sorted(frozen["params"])
@@ -63,3 +65,35 @@ def test_the_policy_update_on_verl_fsdp_is_unchanged_by_the_online_head(harness_
         assert torch.equal(half["params"][name], online["params"][name]), name
     assert 0 < half["metrics"]["mtp/loss"] < 20 and half["metrics"]["mtp/loss"] != online["metrics"]["mtp/loss"]
     assert any(not torch.equal(half["params"][n], online["params"][n]) for n in head)
+
+    # spec.mtp.objective=distill: the engine's MTP loss is the local trainer's (recipe.dapo.policy.forward_rows) on the
+    # same rows at the same temperature, the policy's own distribution one position later as the teacher
+    assert distill["metrics"]["mtp/loss"] == pytest.approx(local_distill_loss(harness_model, 0.7), rel=1e-4)
+    assert abs(distill["metrics"]["mtp/loss"] - online["metrics"]["mtp/loss"]) > 0.01
+
+
+def local_distill_loss(checkpoint: Path, temperature: float) -> float:
+    """The mean over verl_fsdp_update.py's two micro-batches of the distill loss (mtp.loss.mtp_loss, as the local trainer
+    computes it) of the checkpoint on their rows."""
+    sys.path.insert(0, str(REPO / "tests" / "integration"))
+    from verl_fsdp_update import batch
+
+    from mtp.checkpoint import load_checkpoint
+    from mtp.loss import mtp_loss, mtp_targets
+
+    model = load_checkpoint(checkpoint, torch.float32)
+    data = batch(tokenizer_pad=0)
+    # each row unpadded (the engine's nested input_ids) and its response length
+    rows = [(seq, int(m.sum())) for seq, m in zip(data["input_ids"].unbind(), data["response_mask"], strict=True)]
+    losses = []
+    for micro in (rows[:2], rows[2:]):
+        ids = torch.cat([seq for seq, _ in micro])
+        mask = torch.cat([(torch.arange(len(seq)) >= len(seq) - r).long() for seq, r in micro])
+        cu = torch.tensor([0] + [len(seq) for seq, _ in micro]).cumsum(0)
+        with torch.no_grad():
+            out = model(ids, cu)
+        targets, trained = mtp_targets(ids, mask, cu)
+        at = trained.nonzero().squeeze(-1)
+        loss, _ = mtp_loss("distill", out.mtp_logits[0][at], targets[at], out.logits[at + 1] / temperature)
+        losses.append(float(loss))
+    return sum(losses) / len(losses)

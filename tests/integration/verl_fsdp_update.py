@@ -1,9 +1,11 @@
 """One DAPO update on veRL's FSDP2 engine (the actor's, as the veRL backend builds it), run in a fresh process:
-``python tests/integration/verl_fsdp_update.py CHECKPOINT OUT.pt online|frozen [joint] [head_lr=LR] [fraction=F]`` saves the parameters
+``python tests/integration/verl_fsdp_update.py CHECKPOINT OUT.pt online|frozen [joint] [head_lr=LR] [fraction=F]
+[objective=O] [temperature=T]`` saves the parameters
 after one update of a fixed batch, with the MTP head trained online or not. ``joint`` clips the head with the policy (the
 bug the engine's separate clipping prevents), for the test that this would show; ``head_lr`` gives the head its own
 learning rate as the recipe passes ``spec.mtp.lr`` to veRL (the actor's is 1e-2); ``fraction`` trains the head on that share
-of the sequences (``spec.mtp.loss_sequence_fraction``)."""
+of the sequences (``spec.mtp.loss_sequence_fraction``); ``objective`` is ``spec.mtp.objective``; ``temperature`` the
+rollout's (1.0)."""
 
 from __future__ import annotations
 
@@ -68,6 +70,8 @@ def main(checkpoint: str, out: str, train: str, *options: str) -> None:
 
     head_lrs = [float(o.removeprefix("head_lr=")) for o in options if o.startswith("head_lr=")]
     fractions = [float(o.removeprefix("fraction=")) for o in options if o.startswith("fraction=")]
+    objectives = [o.removeprefix("objective=") for o in options if o.startswith("objective=")]
+    temperatures = [float(o.removeprefix("temperature=")) for o in options if o.startswith("temperature=")]
     extra = {MTP_LR_KEY: head_lrs[-1]} if head_lrs else None
     if "joint" in options:  # the head's gradients clipped under the policy's norm
         verl_fsdp.MTPTrainingFSDPEngine.optimizer_step = verl_fsdp.FSDPEngineWithLMHead.optimizer_step
@@ -78,6 +82,7 @@ def main(checkpoint: str, out: str, train: str, *options: str) -> None:
         # a clip norm that every step reaches, so joint clipping would change the policy's step
         FSDPOptimizerConfig(lr=1e-2, clip_grad=1e-3, total_training_steps=1, override_optimizer_config=extra),
         loss_sequence_fraction=fractions[-1] if fractions else 1.0,
+        objective=objectives[-1] if objectives else "sampled",
     )
     actor = ActorConfig(
         strategy="fsdp2", rollout_n=4, ppo_mini_batch_size=1, ppo_micro_batch_size_per_gpu=2, use_dynamic_bsz=False,
@@ -85,7 +90,7 @@ def main(checkpoint: str, out: str, train: str, *options: str) -> None:
     )  # fmt: skip
     data = batch(tokenizer_pad=0)
     tu.assign_non_tensor(
-        data, temperature=1.0, use_remove_padding=False, use_dynamic_bsz=False, micro_batch_size_per_gpu=2,
+        data, temperature=temperatures[-1] if temperatures else 1.0, use_remove_padding=False, use_dynamic_bsz=False, micro_batch_size_per_gpu=2,
         global_batch_size=4, calculate_entropy=False, pad_token_id=0,
     )  # fmt: skip
     with engine.train_mode():

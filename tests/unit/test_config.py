@@ -172,6 +172,23 @@ def test_spec_mtp_loss_sequence_fraction_reaches_the_fsdp_actors_model_config_an
         validate(config(*megatron, "spec.mtp.loss_sequence_fraction=0.5"))
 
 
+def test_spec_mtp_objective_reaches_the_fsdp_actors_model_config_and_is_checked():
+    """What the online MTP loss matches travels in the actor's HF config like the sequence share; a value the loss
+    does not know, or distill on a Megatron actor (whose head trains on the sampled token), is refused at start."""
+    from mtp import MTP_OBJECTIVE_KEY
+    from recipe.dapo.config import spec_overrides
+
+    key = f"+actor_rollout_ref.model.override_config.{MTP_OBJECTIVE_KEY}"
+    assert spec_overrides(config("spec=mtp", "spec.mtp.objective=distill").spec)[key] == "distill"
+    assert spec_overrides(config("spec=mtp").spec)[key] == "sampled"
+    with pytest.raises(ConfigError, match=r"spec\.mtp\.objective.*'kl'"):
+        validate(config("spec=mtp", "spec.mtp.objective=kl"))
+    megatron = ("spec=mtp", "backend=verl", "actor_rollout_ref.actor.strategy=megatron")
+    validate(config(*megatron))
+    with pytest.raises(ConfigError, match=r"spec\.mtp\.objective.*Megatron"):
+        validate(config(*megatron, "spec.mtp.objective=distill"))
+
+
 def test_verls_cpu_weight_bucket_holds_the_largest_tensor(tmp_path):
     """veRL's CPU weight sync refuses a tensor larger than its /dev/shm bucket: a real vocabulary's float32 embedding
     table (SmolLM2: 49,152 x 576 x 4 B = 108 MiB) needs a larger bucket than the embedded model's 64 MiB."""

@@ -208,6 +208,35 @@ def test_the_trainers_mtp_loss_is_the_masked_loss_of_the_full_forward():
     assert float(out.mtp_acc) == pytest.approx(float(acc), abs=1e-6)
 
 
+def test_the_distill_objective_is_the_ce_against_the_policys_own_distribution_one_position_later():
+    """``spec.mtp.objective=distill``: at each trained position t the head's loss is the CE against the policy's
+    distribution of token t+2 at the rollout temperature (its logits at t+1 over T), from the same forward; a one-hot
+    teacher on the sampled token gives back the sampled objective's CE (fails for a teacher taken at t, or at T=1)."""
+    from mtp.loss import mtp_loss
+    from recipe.dapo.policy import forward_rows, pack_rows
+
+    model = tiny_model()
+    batch = two_group_batch()
+    temperature = 0.7
+    out = forward_rows(model, batch, temperature, with_mtp=True, grad=False, mtp_objective="distill")
+    rows = pack_rows(batch)
+    with torch.no_grad():
+        full = model(rows.input_ids, rows.cu_seqlens)
+    t, mask = mtp_targets(rows.input_ids, rows.response_mask, rows.cu_seqlens)
+    at = mask.nonzero().squeeze(-1)
+    teacher = torch.softmax(full.logits[at + 1] / temperature, dim=-1)
+    expected = -(teacher * F.log_softmax(full.mtp_logits[0][at], dim=-1)).sum(-1).mean()
+    assert float(out.mtp_loss) == pytest.approx(float(expected), rel=1e-5)
+    sampled = forward_rows(model, batch, temperature, with_mtp=True, grad=False, mtp_objective="sampled")
+    assert abs(float(sampled.mtp_loss) - float(out.mtp_loss)) > 0.05
+    assert float(out.mtp_acc) == pytest.approx(float(sampled.mtp_acc), abs=1e-6)  # both against the sampled token
+    one_hot = F.one_hot(t[at], full.logits.shape[-1]).float() * 1e4
+    loss, _ = mtp_loss("distill", full.mtp_logits[0][at], t[at], one_hot)
+    assert float(loss) == pytest.approx(float(masked_ce(full.mtp_logits[0], t, mask)[0]), rel=1e-5)
+    with pytest.raises(ValueError, match="spec.mtp.objective"):
+        mtp_loss("kl", full.mtp_logits[0][at], t[at], one_hot)
+
+
 def grads(model: MiMoForCausalLM) -> dict[str, torch.Tensor | None]:
     return {n: (None if p.grad is None else p.grad.clone()) for n, p in model.named_parameters()}
 
@@ -306,15 +335,17 @@ UPDATE_OVERRIDES = [
 
 
 @pytest.mark.parametrize("tie", [False, True])
-def test_online_mtp_leaves_the_policys_update_exactly_as_a_frozen_head_does(tie):
+@pytest.mark.parametrize("objective", ["sampled", "distill"])
+def test_online_mtp_leaves_the_policys_update_exactly_as_a_frozen_head_does(tie, objective):
     """Two DAPO optimizer steps with gradient clipping active: the online head trains, and the policy's
     parameters end bit for bit where the frozen run leaves them (fails if the MTP gradient shares the
-    policy's clipping norm, or if any MTP gradient reaches the trunk, embedding or LM head)."""
+    policy's clipping norm, or if any MTP gradient reaches the trunk, embedding or LM head: for ``distill`` also
+    through the policy's logits it takes as the teacher)."""
     batch = two_group_batch()
     base = tiny_model(tie)
     after, metrics = {}, {}
     for train in ("frozen", "online"):
-        actor = dapo_actor(copy.deepcopy(base), train, *UPDATE_OVERRIDES)
+        actor = dapo_actor(copy.deepcopy(base), train, *UPDATE_OVERRIDES, f"spec.mtp.objective={objective}")
         metrics[train] = actor.update(copy.deepcopy(batch), {})
         after[train] = actor.policy.state_dict()
     before = base.state_dict()
