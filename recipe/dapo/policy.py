@@ -125,7 +125,9 @@ def forward_rows(
         head_loss = head_acc = None
         if with_mtp:
             # the policy's distribution of token t+2 is its output at t+1
-            head_loss, head_acc = mtp_loss(mtp_objective, out.mtp_logits[0], mtp_target_ids, logits[mtp_positions + 1])
+            head_loss, head_acc = mtp_loss(
+                mtp_objective, out.mtp_logits[0], mtp_target_ids, logits.detach()[mtp_positions + 1]
+            )
     return ForwardOut(
         unpack_to_responses(token_logp, rows, width),
         unpack_to_responses(entropy.detach(), rows, width),
