@@ -91,16 +91,18 @@ def distill_ce(
 
 
 def mtp_loss(
-    objective: str, logits: torch.Tensor, targets: torch.Tensor, teacher_logits: torch.Tensor
+    objective: str, logits: torch.Tensor, targets: torch.Tensor, teacher_logits: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The online MTP loss and top-1 accuracy at the trained positions: ``sampled``, CE of the sampled token t+2
     (slime's); ``distill``, :func:`distill_ce` against ``softmax(teacher_logits)``, the policy's logits at t+1 already
-    divided by the rollout temperature (detached here)."""
+    divided by the rollout temperature (detached here; only ``distill`` reads them)."""
     if objective == "sampled":
         return masked_ce(logits, targets, torch.ones_like(targets))
-    if objective == "distill":
-        return distill_ce(logits, torch.softmax(teacher_logits.detach().float(), dim=-1), targets)
-    raise ValueError(f"spec.mtp.objective={objective!r}: {' | '.join(MTP_OBJECTIVES)}")
+    if objective != "distill":
+        raise ValueError(f"spec.mtp.objective={objective!r}: {' | '.join(MTP_OBJECTIVES)}")
+    if teacher_logits is None:
+        raise ValueError("spec.mtp.objective=distill needs the policy's logits one position later (teacher_logits)")
+    return distill_ce(logits, torch.softmax(teacher_logits.detach().float(), dim=-1), targets)
 
 
 def masked_ce(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

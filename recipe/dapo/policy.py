@@ -124,10 +124,9 @@ def forward_rows(
         entropy = -(logp_all.exp() * logp_all).sum(-1)
         head_loss = head_acc = None
         if with_mtp:
-            # the policy's distribution of token t+2 is its output at t+1
-            head_loss, head_acc = mtp_loss(
-                mtp_objective, out.mtp_logits[0], mtp_target_ids, logits.detach()[mtp_positions + 1]
-            )
+            # distill's teacher, the policy's distribution of token t+2, is its output at t+1
+            teacher = logits.detach()[mtp_positions + 1] if mtp_objective == "distill" else None
+            head_loss, head_acc = mtp_loss(mtp_objective, out.mtp_logits[0], mtp_target_ids, teacher)
     return ForwardOut(
         unpack_to_responses(token_logp, rows, width),
         unpack_to_responses(entropy.detach(), rows, width),
