@@ -120,6 +120,21 @@ def acceptance_ceiling(model, cached: list[CachedPack]) -> float:
     return total / max(count, 1)
 
 
+def draft_and_target(
+    model, layers: torch.nn.ModuleList, head: torch.Tensor, c: CachedPack
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The MTP ``layers``' logits at the pack's trained positions (LM head weight ``head``) and the frozen target's own
+    distribution of the token they draft there: its output one position later, from the cached states."""
+    cfg = model.config
+    rope = rope_cos_sin(c.positions, cfg.head_dim, cfg.rope_theta)
+    logits = run_mtp_layers(
+        layers, c.hidden.float(), c.embeds.float(), head, c.cu, c.positions, rope, mtp_positions=c.train_at
+    )[0]
+    with torch.no_grad():
+        teacher = torch.softmax(model.lm_head(model.model.norm(c.hidden[c.train_at + 1])).float(), dim=-1)
+    return logits, teacher
+
+
 OBJECTIVES = ("distill", "acceptance", "sampled")
 
 
@@ -149,7 +164,6 @@ def train_head(
     torch.manual_seed(seed)
     model = load_checkpoint(ckpt, dtype)
     model.requires_grad_(False)
-    cfg = model.config
     layers = copy.deepcopy(model.model.mtp_layers).float().requires_grad_(True)
     head = model.lm_head.weight.detach().float()
     rng = np.random.default_rng(seed)
@@ -164,12 +178,7 @@ def train_head(
     for epoch in range(epochs):
         for i in rng.permutation(len(cached)):
             c = cached[i]
-            rope = rope_cos_sin(c.positions, cfg.head_dim, cfg.rope_theta)
-            logits = run_mtp_layers(
-                layers, c.hidden.float(), c.embeds.float(), head, c.cu, c.positions, rope, mtp_positions=c.train_at
-            )[0]
-            with torch.no_grad():  # the target's own distribution of token t+2: its output at t+1
-                teacher = torch.softmax(model.lm_head(model.model.norm(c.hidden[c.train_at + 1])).float(), dim=-1)
+            logits, teacher = draft_and_target(model, layers, head, c)
             # a probabilistic draft's acceptance at T=1 per position: logged for every objective, the loss of one
             with torch.set_grad_enabled(objective == "acceptance"):
                 accepted = torch.minimum(teacher, torch.softmax(logits.float(), dim=-1)).sum(-1)
