@@ -91,6 +91,11 @@ def main() -> None:
     from recipe.models import CACHE_DIR, resolve_model
     from recipe.sft.train import TokenizedExample
 
+    missing = [path for path in args.extra_samples if not Path(path).is_file()]
+    if missing:
+        parser.error(
+            f"--extra-samples {missing[0]}: no such file (graft_mtp_real.py caches its samples in {CACHE_DIR})"
+        )
     base = resolve_model(args.model)
     name = Path(base).name
     grafted = graft_mtp(base, CACHE_DIR / f"{name}-mtp-untrained")
@@ -128,8 +133,6 @@ def main() -> None:
         arrays = [(s.ids, s.response_mask) for s in samples]
         cache.write_bytes(pickle.dumps((arrays, report["samples"])))
     for path in args.extra_samples:
-        if not Path(path).is_file():
-            parser.error(f"--extra-samples {path}: no such file (graft_mtp_real.py caches its samples in {CACHE_DIR})")
         arrays, extra = pickle.loads(Path(path).read_bytes())
         samples += [TokenizedExample(ids, mask) for ids, mask in arrays]
         for key in ("responses", "response_tokens", "seconds"):
