@@ -174,6 +174,8 @@ class Actor:
         self.cfg = cfg
         self.spec_method = str(cfg.spec.method)
         self.mtp_online = self.spec_method == "mtp" and cfg.spec.mtp.train == "online"
+        # only spec=mtp configs carry spec.mtp (a frozen head logs its loss under the same objective)
+        self.mtp_objective = str(cfg.spec.mtp.objective) if self.spec_method == "mtp" else "sampled"
         self.policy = policy.train()
         if next(policy.parameters()).device.type == "cpu":
             keep_freed_memory_on_cpu()
@@ -233,13 +235,12 @@ class Actor:
         # a frozen head's loss and top-1 accuracy on this step's responses come from the no-grad old-log-prob
         # forward; an online head reports them from its training forward in the update below
         frozen_head = self.spec_method == "mtp" and not self.mtp_online
-        objective = str(cfg.spec.mtp.objective)
         with timed(timing, "old_log_prob"):
             olds = []
             for i in range(0, len(batch), micro):
                 out = forward_rows(
                     self.policy, batch[i : i + micro], temperature, with_mtp=frozen_head, grad=False,
-                    mtp_objective=objective,
+                    mtp_objective=self.mtp_objective,
                 )  # fmt: skip
                 olds.append(out.log_probs)
                 if out.mtp_loss is not None:
@@ -270,7 +271,7 @@ class Actor:
                         mb = mini[u0 : u0 + micro]
                         out = forward_rows(
                             self.policy, mb, temperature, with_mtp=self.mtp_online, mtp_fraction=mtp_fraction,
-                            mtp_objective=objective,
+                            mtp_objective=self.mtp_objective,
                         )  # fmt: skip
                         mask = mb.batch["response_mask"]
                         pg_loss, pg_metrics = self.policy_loss(
