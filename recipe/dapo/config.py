@@ -61,15 +61,15 @@ def validate(cfg: DictConfig) -> None:
         )
         _require(spec.mtp.loss_scaling_factor >= 0, "spec.mtp.loss_scaling_factor", "must be >= 0")
         _require(spec.mtp.lr is None or spec.mtp.lr > 0, "spec.mtp.lr", f"must be null or > 0, got {spec.mtp.lr}")
+        # the MTP keys below act through mtp/verl_fsdp.py (or the local trainer); a Megatron actor has its own
+        megatron = cfg.backend == "verl" and cfg.actor_rollout_ref.actor.strategy == "megatron"
         _require(
             spec.mtp.objective in MTP_OBJECTIVES,
             "spec.mtp.objective",
             f"must be one of {MTP_OBJECTIVES}, got {spec.mtp.objective!r}",
         )
         _require(
-            spec.mtp.objective == "sampled"
-            or cfg.backend != "verl"
-            or cfg.actor_rollout_ref.actor.strategy != "megatron",
+            spec.mtp.objective == "sampled" or not megatron,
             "spec.mtp.objective",
             "is for the local backend and veRL's FSDP actor (mtp/verl_fsdp.py); a Megatron actor trains its MTP "
             "head on the sampled token: leave it sampled",
@@ -77,16 +77,13 @@ def validate(cfg: DictConfig) -> None:
         fraction = spec.mtp.loss_sequence_fraction
         _require(0 < fraction <= 1, "spec.mtp.loss_sequence_fraction", f"must be in (0, 1], got {fraction}")
         _require(
-            fraction == 1 or cfg.backend != "verl" or cfg.actor_rollout_ref.actor.strategy != "megatron",
+            fraction == 1 or not megatron,
             "spec.mtp.loss_sequence_fraction",
             "is for the local backend and veRL's FSDP actor (mtp/verl_fsdp.py); a Megatron actor computes its MTP "
             "loss over every token: leave it 1",
         )
         _require(
-            spec.mtp.lr is None
-            or spec.mtp.train != "online"
-            or cfg.backend != "verl"
-            or cfg.actor_rollout_ref.actor.strategy != "megatron",
+            spec.mtp.lr is None or spec.mtp.train != "online" or not megatron,
             "spec.mtp.lr",
             "is for the local backend and veRL's FSDP actor (mtp/verl_fsdp.py); a Megatron actor trains the head with "
             "its own optimizer: leave it null",

@@ -137,6 +137,9 @@ def test_cpu_trainer_keeps_freed_memory_for_reuse():
     assert keep_freed_memory_on_cpu() is (platform.libc_ver()[0] == "glibc")
 
 
+MEGATRON_MTP = ("spec=mtp", "backend=verl", "actor_rollout_ref.actor.strategy=megatron")  # veRL with a Megatron actor
+
+
 def test_spec_mtp_lr_reaches_verls_optimizer_for_an_online_head_only():
     """veRL's optimizer config has one learning rate; the head's travels among its extra arguments, where
     mtp/verl_fsdp.py takes it out (a frozen head has no optimizer; an A/B hands both modes the same overrides)."""
@@ -149,10 +152,9 @@ def test_spec_mtp_lr_reaches_verls_optimizer_for_an_online_head_only():
     assert key not in spec_overrides(config("spec=mtp", "spec.mtp.train=frozen", "spec.mtp.lr=0.001").spec)
     with pytest.raises(ConfigError, match=r"spec\.mtp\.lr"):
         validate(config("spec=mtp", "spec.mtp.lr=0"))
-    megatron = ("spec=mtp", "backend=verl", "actor_rollout_ref.actor.strategy=megatron")
-    validate(config(*megatron))
+    validate(config(*MEGATRON_MTP))
     with pytest.raises(ConfigError, match=r"spec\.mtp\.lr.*Megatron"):
-        validate(config(*megatron, "spec.mtp.lr=0.001"))
+        validate(config(*MEGATRON_MTP, "spec.mtp.lr=0.001"))
 
 
 def test_spec_mtp_loss_sequence_fraction_reaches_the_fsdp_actors_model_config_and_is_checked():
@@ -167,9 +169,8 @@ def test_spec_mtp_loss_sequence_fraction_reaches_the_fsdp_actors_model_config_an
     for bad in ("0", "1.5"):
         with pytest.raises(ConfigError, match=r"spec\.mtp\.loss_sequence_fraction"):
             validate(config("spec=mtp", f"spec.mtp.loss_sequence_fraction={bad}"))
-    megatron = ("spec=mtp", "backend=verl", "actor_rollout_ref.actor.strategy=megatron")
     with pytest.raises(ConfigError, match=r"spec\.mtp\.loss_sequence_fraction.*Megatron"):
-        validate(config(*megatron, "spec.mtp.loss_sequence_fraction=0.5"))
+        validate(config(*MEGATRON_MTP, "spec.mtp.loss_sequence_fraction=0.5"))
 
 
 def test_spec_mtp_objective_reaches_the_fsdp_actors_model_config_and_is_checked():
@@ -183,10 +184,9 @@ def test_spec_mtp_objective_reaches_the_fsdp_actors_model_config_and_is_checked(
     assert spec_overrides(config("spec=mtp").spec)[key] == "sampled"
     with pytest.raises(ConfigError, match=r"spec\.mtp\.objective.*'kl'"):
         validate(config("spec=mtp", "spec.mtp.objective=kl"))
-    megatron = ("spec=mtp", "backend=verl", "actor_rollout_ref.actor.strategy=megatron")
-    validate(config(*megatron))
+    validate(config(*MEGATRON_MTP))
     with pytest.raises(ConfigError, match=r"spec\.mtp\.objective.*Megatron"):
-        validate(config(*megatron, "spec.mtp.objective=distill"))
+        validate(config(*MEGATRON_MTP, "spec.mtp.objective=distill"))
 
 
 def test_verls_cpu_weight_bucket_holds_the_largest_tensor(tmp_path):
