@@ -211,6 +211,16 @@ def train_head(
     return out, history, ceiling
 
 
+def held_out_prompts(checkpoint: str | Path, count: int) -> list[list[int]]:
+    """The first ``count`` word problems of the test split, chat-templated with the checkpoint's tokenizer: prompts
+    that neither a head nor a policy trained on."""
+    from recipe.dapo.data import load_prompts
+    from recipe.data.word_problems import write_splits
+
+    _, test_file = write_splits()
+    return load_prompts(str(test_file), load_tokenizer(checkpoint), 512, count)[1]
+
+
 def mtp_acceptance(
     ckpt: str | Path,
     prompts: list[list[int]],

@@ -33,7 +33,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 from mtp.checkpoint import load_checkpoint, load_tokenizer, save_checkpoint  # noqa: E402
-from mtp.head_training import WARMUP_PROMPTS, mtp_acceptance  # noqa: E402
+from mtp.head_training import WARMUP_PROMPTS, held_out_prompts, mtp_acceptance  # noqa: E402
 from mtp.model import MiMoForCausalLM  # noqa: E402
 from recipe.dapo.drift import METRIC_LABELS, DriftProbe  # noqa: E402
 
@@ -79,15 +79,6 @@ def rollout_ab(
     out["rollout/own_over_start_tok_s"] = float(np.median(ratios))
     out["rollout/own_over_start_tok_s_runs"] = ratios
     return out
-
-
-def held_out_prompts(checkpoint: Path, count: int) -> list[list[int]]:
-    """The word problems' test split, chat-templated: prompts no run trained on."""
-    from recipe.dapo.data import load_prompts
-    from recipe.data.word_problems import write_splits
-
-    _, test_file = write_splits()
-    return load_prompts(str(test_file), load_tokenizer(checkpoint), 512, count)[1]
 
 
 def main() -> None:

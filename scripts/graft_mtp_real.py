@@ -85,7 +85,7 @@ def main() -> None:
 
     from mtp.checkpoint import load_tokenizer
     from mtp.graft import graft_mtp
-    from mtp.head_training import WARMUP_PROMPTS, mtp_acceptance, own_samples, train_head
+    from mtp.head_training import WARMUP_PROMPTS, held_out_prompts, mtp_acceptance, own_samples, train_head
     from recipe.dapo.data import load_prompts
     from recipe.data.word_problems import write_splits
     from recipe.models import CACHE_DIR, resolve_model
@@ -104,10 +104,10 @@ def main() -> None:
     if not config.is_file() or not json.loads(config.read_text()).get("num_nextn_predict_layers"):
         parser.error(f"--init-from {start}: the checkpoint has no MTP layer (python -m mtp.graft grafts one)")
     tokenizer = load_tokenizer(grafted)
-    train_file, test_file = write_splits()
+    train_file, _ = write_splits()
     _, train_prompts = load_prompts(str(train_file), tokenizer, 512, args.first_prompt + args.train_prompts)
     train_prompts = train_prompts[args.first_prompt :]
-    _, held_out = load_prompts(str(test_file), tokenizer, 512, args.eval_prompts + WARMUP_PROMPTS)
+    held_out = held_out_prompts(grafted, args.eval_prompts + WARMUP_PROMPTS)
     # the last ones warm each fresh engine up, unmeasured, so the rollouts' tokens/s leave out its first steps
     eval_prompts, warmup = held_out[: args.eval_prompts], held_out[args.eval_prompts :]
     report: dict = {"args": vars(args)}
