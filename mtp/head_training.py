@@ -20,8 +20,9 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from mtp import MTP_OBJECTIVES
 from mtp.checkpoint import load_checkpoint, load_tokenizer, save_checkpoint
-from mtp.loss import distill_ce, masked_ce, mtp_targets
+from mtp.loss import expected_acceptance, mtp_targets, objective_loss
 from mtp.model import packed_positions, rope_cos_sin, run_mtp_layers
 from recipe.sft.train import TokenizedExample, pack_batches
 
@@ -135,9 +136,6 @@ def draft_and_target(
     return logits, teacher
 
 
-OBJECTIVES = ("distill", "acceptance", "sampled")
-
-
 def train_head(
     ckpt: str | Path,
     samples: list[TokenizedExample],
@@ -159,8 +157,8 @@ def train_head(
     more signal per token than the sampled token; ``acceptance`` maximises that acceptance itself, ``sum(min(p, q))``
     (one minus the total variation distance; forward KL spreads q over tokens p rarely samples), a fine-tune for a
     head ``distill`` trained; ``sampled``: CE on the sampled token, the loss online MTP uses in RL."""
-    if objective not in OBJECTIVES:
-        raise ValueError(f"objective={objective!r}: {' | '.join(OBJECTIVES)}")
+    if objective not in MTP_OBJECTIVES:
+        raise ValueError(f"objective={objective!r}: {' | '.join(MTP_OBJECTIVES)}")
     torch.manual_seed(seed)
     model = load_checkpoint(ckpt, dtype)
     model.requires_grad_(False)
@@ -179,16 +177,9 @@ def train_head(
         for i in rng.permutation(len(cached)):
             c = cached[i]
             logits, teacher = draft_and_target(model, layers, head, c)
-            # a probabilistic draft's acceptance at T=1 per position: logged for every objective, the loss of one
-            with torch.set_grad_enabled(objective == "acceptance"):
-                accepted = torch.minimum(teacher, torch.softmax(logits.float(), dim=-1)).sum(-1)
-            accept = accepted.detach().mean()
-            if objective == "sampled":
-                loss, acc = masked_ce(logits, c.targets, torch.ones_like(c.targets))
-            elif objective == "distill":
-                loss, acc = distill_ce(logits, teacher, c.targets)
-            else:
-                loss, acc = -accepted.mean(), (logits.argmax(-1) == c.targets).float().mean()
+            loss, acc = objective_loss(objective, logits, c.targets, teacher)
+            # a probabilistic draft's acceptance at T=1 per position, logged for every objective
+            accept = expected_acceptance(logits.detach(), teacher).mean()
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(layers.parameters(), 1.0)

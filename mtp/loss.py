@@ -90,19 +90,48 @@ def distill_ce(
     return loss, acc.detach()
 
 
+def expected_acceptance(logits: torch.Tensor, teacher_probs: torch.Tensor) -> torch.Tensor:
+    """Per position, the chance that a draft sampled from ``softmax(logits)`` is accepted by a target whose
+    distribution is ``teacher_probs``: ``sum(min(p, q))``, one minus their total variation distance (rejection
+    sampling's acceptance, what vLLM's ``draft_sample_method=probabilistic`` verifies with). Differentiable in the
+    logits."""
+    return torch.minimum(teacher_probs.detach(), torch.softmax(logits.float(), dim=-1)).sum(-1)
+
+
+def acceptance_loss(
+    logits: torch.Tensor, teacher_probs: torch.Tensor, targets: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Minus the mean :func:`expected_acceptance`, and top-1 accuracy against the sampled ``targets`` (for logging).
+    Forward KL (:func:`distill_ce`) spreads the draft over tokens the target rarely samples; this trains the quantity a
+    probabilistic draft is accepted by, so a head fine-tuned on it offline is not pulled back to the KL optimum."""
+    acc = (logits.argmax(-1) == targets).float().mean()
+    return -expected_acceptance(logits, teacher_probs).mean(), acc.detach()
+
+
 def mtp_loss(
     objective: str, logits: torch.Tensor, targets: torch.Tensor, teacher_logits: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The online MTP loss and top-1 accuracy at the trained positions: ``sampled``, CE of the sampled token t+2
-    (slime's); ``distill``, :func:`distill_ce` against ``softmax(teacher_logits)``, the policy's logits at t+1 already
-    divided by the rollout temperature (detached here; only ``distill`` reads them)."""
+    (slime's); ``distill``, :func:`distill_ce`, and ``acceptance``, :func:`acceptance_loss`, against
+    ``softmax(teacher_logits)``, the policy's logits at t+1 already divided by the rollout temperature (detached here;
+    ``sampled`` does not read them)."""
+    if objective != "sampled" and teacher_logits is None:
+        raise ValueError(
+            f"spec.mtp.objective={objective} needs the policy's logits one position later (teacher_logits)"
+        )
+    teacher = None if objective == "sampled" else torch.softmax(teacher_logits.detach().float(), dim=-1)
+    return objective_loss(objective, logits, targets, teacher)
+
+
+def objective_loss(
+    objective: str, logits: torch.Tensor, targets: torch.Tensor, teacher_probs: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`mtp_loss` given the teacher's probabilities (offline head training has them from cached states)."""
     if objective == "sampled":
         return masked_ce(logits, targets, torch.ones_like(targets))
-    if objective != "distill":
+    if objective not in MTP_OBJECTIVES:
         raise ValueError(f"spec.mtp.objective={objective!r}: {' | '.join(MTP_OBJECTIVES)}")
-    if teacher_logits is None:
-        raise ValueError("spec.mtp.objective=distill needs the policy's logits one position later (teacher_logits)")
-    return distill_ce(logits, torch.softmax(teacher_logits.detach().float(), dim=-1), targets)
+    return (distill_ce if objective == "distill" else acceptance_loss)(logits, teacher_probs, targets)
 
 
 def masked_ce(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -86,7 +86,7 @@ class MiMoMTPForCausalLM(Qwen2ForCausalLM):
         )  # fmt: skip
         objective = str(getattr(self.config, MTP_OBJECTIVE_KEY, "sampled"))
         teacher = None
-        if objective == "distill":
+        if objective != "sampled":
             # the policy's distribution of token t+2: its logits at t+1, at the rollout temperature
             full = out.logits[mask.bool()] if mask is not None else out.logits[0, : ids.shape[0]]
             teacher = full[at + 1].detach().float() / mtp_batch["temperature"][at + 1, None]

@@ -20,7 +20,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from mtp.head_training import OBJECTIVES  # noqa: E402
+from mtp import MTP_OBJECTIVES  # noqa: E402
 
 # what mtp.head_training.train_head minimises under each objective (the left panel, the report's loss)
 LOSS_NAMES = {
@@ -68,7 +68,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=384)
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--objective", default="distill", choices=OBJECTIVES, help="mtp.head_training.train_head")
+    parser.add_argument("--objective", default="distill", choices=MTP_OBJECTIVES, help="mtp.loss.objective_loss")
     parser.add_argument("--init-from", help="a checkpoint with a trained MTP layer to continue from (default: graft)")
     parser.add_argument("--head-out", help="where the trained checkpoint goes (default artifacts/models/<model>-mtp)")
     parser.add_argument("--seed", type=int, default=0)

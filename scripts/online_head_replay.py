@@ -33,17 +33,18 @@ def shown(path: str) -> str:
     return str(resolved.relative_to(REPO_ROOT)) if resolved.is_relative_to(REPO_ROOT) else path
 
 
-def expected_acceptance(model, layers, head, packs) -> float:
+def mean_acceptance(model, layers, head, packs) -> float:
     """Mean over the packs' trained positions of ``sum(min(p, q))``: a sampled draft's chance of acceptance."""
     import torch
 
     from mtp.head_training import draft_and_target
+    from mtp.loss import expected_acceptance
 
     total, count = 0.0, 0
     with torch.no_grad():
         for c in packs:
             logits, teacher = draft_and_target(model, layers, head, c)
-            total += float(torch.minimum(teacher, torch.softmax(logits.float(), dim=-1)).sum())
+            total += float(expected_acceptance(logits, teacher).sum())
             count += int(logits.shape[0])
     return total / max(count, 1)
 
@@ -72,25 +73,24 @@ def replay(model, train_steps, eval_packs, lr: float, warmup: int, objective: st
     import torch
 
     from mtp.head_training import draft_and_target
-    from mtp.loss import mtp_loss
+    from mtp.loss import objective_loss
 
     layers = copy.deepcopy(model.model.mtp_layers).float().requires_grad_(True)
     head = model.lm_head.weight.detach().float()
     opt = torch.optim.AdamW(layers.parameters(), lr=lr, betas=(0.9, 0.99), weight_decay=0.0)
     # linear from 1/(warmup+1) of the rate to all of it over ``warmup`` training steps, as veRL's warm-up ramps
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, (step + 1) / (warmup + 1)))
-    curve = [expected_acceptance(model, layers, head, eval_packs)]
+    curve = [mean_acceptance(model, layers, head, eval_packs)]
     for minis in train_steps:
         for c in minis:
             logits, teacher = draft_and_target(model, layers, head, c)
-            teacher_logits = torch.log(teacher.clamp_min(1e-30))  # softmax(log p) = p: the loss's own teacher form
-            loss, _ = mtp_loss(objective, logits, c.targets, teacher_logits)
+            loss, _ = objective_loss(objective, logits, c.targets, teacher)
             opt.zero_grad(set_to_none=True)
             (scale * loss).backward()
             torch.nn.utils.clip_grad_norm_(layers.parameters(), clip)
             opt.step()
         sched.step()
-        curve.append(expected_acceptance(model, layers, head, eval_packs))
+        curve.append(mean_acceptance(model, layers, head, eval_packs))
     return curve
 
 

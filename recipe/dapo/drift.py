@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from mtp.loss import mtp_targets, next_token_targets
+from mtp.loss import expected_acceptance, mtp_targets, next_token_targets
 from mtp.model import MiMoForCausalLM, packed_positions, rope_cos_sin, run_mtp_layers
 
 DRIFT_PROBE_FILE = "drift_probe.json"  # the probe's token ids, in the run directory
@@ -92,8 +92,8 @@ class DriftProbe:
             draft = logits.argmax(-1)
             metrics[f"drift/mtp_accept_{name}"] = float(judge.gather(-1, draft[:, None]).exp().mean())
             metrics[f"drift/mtp_top1_{name}"] = float((draft == greedy).float().mean())
-            q = F.softmax(logits.float() / self.temperature, dim=-1)
-            metrics[f"drift/mtp_accept_sampled_{name}"] = float(torch.minimum(judge_probs, q).sum(-1).mean())
+            accepted = expected_acceptance(logits.float() / self.temperature, judge_probs)
+            metrics[f"drift/mtp_accept_sampled_{name}"] = float(accepted.mean())
         return metrics
 
 

@@ -104,7 +104,8 @@ def forward_rows(
     mtp_objective: str = "sampled",
 ) -> ForwardOut:
     """Response-token log-probs (and the MTP loss of ``mtp_objective`` on the same forward, inputs detached, over a
-    random ``mtp_fraction`` of the sequences it trains; ``distill`` takes its teacher from this forward's logits)."""
+    random ``mtp_fraction`` of the sequences it trains; all but ``sampled`` take their teacher from this forward's
+    logits)."""
     rows = pack_rows(batch)
     width = batch.batch["responses"].shape[1]
     mtp_positions = mtp_target_ids = None
@@ -124,8 +125,8 @@ def forward_rows(
         entropy = -(logp_all.exp() * logp_all).sum(-1)
         head_loss = head_acc = None
         if with_mtp:
-            # distill's teacher, the policy's distribution of token t+2, is its output at t+1
-            teacher = logits.detach()[mtp_positions + 1] if mtp_objective == "distill" else None
+            # the teacher, the policy's distribution of token t+2, is its output at t+1
+            teacher = logits.detach()[mtp_positions + 1] if mtp_objective != "sampled" else None
             head_loss, head_acc = mtp_loss(mtp_objective, out.mtp_logits[0], mtp_target_ids, teacher)
     return ForwardOut(
         unpack_to_responses(token_logp, rows, width),

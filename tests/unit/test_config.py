@@ -175,7 +175,8 @@ def test_spec_mtp_loss_sequence_fraction_reaches_the_fsdp_actors_model_config_an
 
 def test_spec_mtp_objective_reaches_the_fsdp_actors_model_config_and_is_checked():
     """What the online MTP loss matches travels in the actor's HF config like the sequence share; a value the loss
-    does not know, or distill on a Megatron actor (whose head trains on the sampled token), is refused at start."""
+    does not know, or distill / acceptance on a Megatron actor (whose head trains on the sampled token), is refused
+    at start."""
     from mtp import MTP_OBJECTIVE_KEY
     from recipe.dapo.config import spec_overrides
 
@@ -185,8 +186,10 @@ def test_spec_mtp_objective_reaches_the_fsdp_actors_model_config_and_is_checked(
     with pytest.raises(ConfigError, match=r"spec\.mtp\.objective.*'kl'"):
         validate(config("spec=mtp", "spec.mtp.objective=kl"))
     validate(config(*MEGATRON_MTP))
-    with pytest.raises(ConfigError, match=r"spec\.mtp\.objective.*Megatron"):
-        validate(config(*MEGATRON_MTP, "spec.mtp.objective=distill"))
+    for objective in ("distill", "acceptance"):
+        validate(config("spec=mtp", f"spec.mtp.objective={objective}"))
+        with pytest.raises(ConfigError, match=r"spec\.mtp\.objective.*Megatron"):
+            validate(config(*MEGATRON_MTP, f"spec.mtp.objective={objective}"))
 
 
 def test_verls_cpu_weight_bucket_holds_the_largest_tensor(tmp_path):

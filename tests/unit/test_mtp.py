@@ -237,6 +237,35 @@ def test_the_distill_objective_is_the_ce_against_the_policys_own_distribution_on
         mtp_loss("kl", full.mtp_logits[0][at], t[at], one_hot)
 
 
+def test_the_acceptance_objective_is_minus_a_sampled_drafts_chance_of_acceptance_and_raises_it():
+    """``spec.mtp.objective=acceptance``: the head's loss is minus the mean of ``sum(min(p, q))`` over the trained
+    positions, p the policy's distribution of token t+2 at the rollout temperature (its logits at t+1 over T), q the
+    head's; written here from the definition, and an SGD step on it raises that acceptance (fails for a teacher taken
+    at t, or a sign error)."""
+    from recipe.dapo.policy import forward_rows, pack_rows
+
+    model = tiny_model()
+    batch = two_group_batch()
+    temperature = 0.7
+    out = forward_rows(model, batch, temperature, with_mtp=True, grad=True, mtp_objective="acceptance")
+    rows = pack_rows(batch)
+    with torch.no_grad():
+        full = model(rows.input_ids, rows.cu_seqlens)
+    _, mask = mtp_targets(rows.input_ids, rows.response_mask, rows.cu_seqlens)
+    at = mask.nonzero().squeeze(-1)
+    p = torch.softmax(full.logits[at + 1] / temperature, dim=-1)
+    q = torch.softmax(full.mtp_logits[0][at], dim=-1)
+    accepted = torch.stack([torch.minimum(p[i], q[i]).sum() for i in range(len(at))]).mean()
+    assert float(out.mtp_loss) == pytest.approx(-float(accepted), rel=1e-5)
+    assert 0.0 < float(accepted) < 1.0
+    out.mtp_loss.backward()
+    with torch.no_grad():
+        for param in model.model.mtp_layers.parameters():
+            param -= 0.5 * param.grad
+        after = forward_rows(model, batch, temperature, with_mtp=True, grad=False, mtp_objective="acceptance")
+    assert -float(after.mtp_loss) > float(accepted) + 1e-4
+
+
 def grads(model: MiMoForCausalLM) -> dict[str, torch.Tensor | None]:
     return {n: (None if p.grad is None else p.grad.clone()) for n, p in model.named_parameters()}
 
@@ -335,12 +364,12 @@ UPDATE_OVERRIDES = [
 
 
 @pytest.mark.parametrize("tie", [False, True])
-@pytest.mark.parametrize("objective", ["sampled", "distill"])
+@pytest.mark.parametrize("objective", ["sampled", "distill", "acceptance"])
 def test_online_mtp_leaves_the_policys_update_exactly_as_a_frozen_head_does(tie, objective):
     """Two DAPO optimizer steps with gradient clipping active: the online head trains, and the policy's
     parameters end bit for bit where the frozen run leaves them (fails if the MTP gradient shares the
-    policy's clipping norm, or if any MTP gradient reaches the trunk, embedding or LM head: for ``distill`` also
-    through the policy's logits it takes as the teacher)."""
+    policy's clipping norm, or if any MTP gradient reaches the trunk, embedding or LM head: for ``distill`` and
+    ``acceptance`` also through the policy's logits they take as the teacher)."""
     batch = two_group_batch()
     base = tiny_model(tie)
     after, metrics = {}, {}
