@@ -231,3 +231,13 @@ def test_lora_is_left_to_verls_actor():
     validate(config("backend=verl", "actor_rollout_ref.model.lora_rank=16"))
     with pytest.raises(ConfigError, match=r"lora_rank: is 16, but the local backend"):
         validate(config("actor_rollout_ref.model.lora_rank=16"))
+
+
+@pytest.mark.parametrize("experiment", sorted(p.stem for p in (Path(CONFIGS) / "experiment").glob("*.yaml")))
+def test_every_experiment_composes_and_validates(experiment):
+    """An experiment file's values pass the start-up checks, and the keys it sets under ``spec.mtp`` are the group's
+    own: Hydra adds a key a file misspells instead of refusing it, so a typo would be ignored for a whole run."""
+    cfg = config(f"+experiment={experiment}")
+    validate(cfg)
+    if cfg.spec.method == "mtp":
+        assert set(cfg.spec.mtp) == set(config("spec=mtp").spec.mtp), experiment
