@@ -208,23 +208,31 @@ def test_the_trainers_mtp_loss_is_the_masked_loss_of_the_full_forward():
     assert float(out.mtp_acc) == pytest.approx(float(acc), abs=1e-6)
 
 
-def test_the_distill_objective_is_the_ce_against_the_policys_own_distribution_one_position_later():
-    """``spec.mtp.objective=distill``: at each trained position t the head's loss is the CE against the policy's
-    distribution of token t+2 at the rollout temperature (its logits at t+1 over T), from the same forward; a one-hot
-    teacher on the sampled token gives back the sampled objective's CE (fails for a teacher taken at t, or at T=1)."""
-    from mtp.loss import mtp_loss
-    from recipe.dapo.policy import forward_rows, pack_rows
+def teacher_one_position_later(model, batch, temperature: float):
+    """The whole forward of ``batch``'s packed rows, the MTP targets and mask, the trained positions, and the policy's
+    distribution of token t+2 at each (its logits at t+1 over the temperature), computed here apart from the trainer."""
+    from recipe.dapo.policy import pack_rows
 
-    model = tiny_model()
-    batch = two_group_batch()
-    temperature = 0.7
-    out = forward_rows(model, batch, temperature, with_mtp=True, grad=False, mtp_objective="distill")
     rows = pack_rows(batch)
     with torch.no_grad():
         full = model(rows.input_ids, rows.cu_seqlens)
     t, mask = mtp_targets(rows.input_ids, rows.response_mask, rows.cu_seqlens)
     at = mask.nonzero().squeeze(-1)
-    teacher = torch.softmax(full.logits[at + 1] / temperature, dim=-1)
+    return full, t, mask, at, torch.softmax(full.logits[at + 1] / temperature, dim=-1)
+
+
+def test_the_distill_objective_is_the_ce_against_the_policys_own_distribution_one_position_later():
+    """``spec.mtp.objective=distill``: at each trained position t the head's loss is the CE against the policy's
+    distribution of token t+2 at the rollout temperature (its logits at t+1 over T), from the same forward; a one-hot
+    teacher on the sampled token gives back the sampled objective's CE (fails for a teacher taken at t, or at T=1)."""
+    from mtp.loss import mtp_loss
+    from recipe.dapo.policy import forward_rows
+
+    model = tiny_model()
+    batch = two_group_batch()
+    temperature = 0.7
+    out = forward_rows(model, batch, temperature, with_mtp=True, grad=False, mtp_objective="distill")
+    full, t, mask, at, teacher = teacher_one_position_later(model, batch, temperature)
     expected = -(teacher * F.log_softmax(full.mtp_logits[0][at], dim=-1)).sum(-1).mean()
     assert float(out.mtp_loss) == pytest.approx(float(expected), rel=1e-5)
     sampled = forward_rows(model, batch, temperature, with_mtp=True, grad=False, mtp_objective="sampled")
@@ -242,18 +250,13 @@ def test_the_acceptance_objective_is_minus_a_sampled_drafts_chance_of_acceptance
     positions, p the policy's distribution of token t+2 at the rollout temperature (its logits at t+1 over T), q the
     head's; written here from the definition, and an SGD step on it raises that acceptance (fails for a teacher taken
     at t, or a sign error)."""
-    from recipe.dapo.policy import forward_rows, pack_rows
+    from recipe.dapo.policy import forward_rows
 
     model = tiny_model()
     batch = two_group_batch()
     temperature = 0.7
     out = forward_rows(model, batch, temperature, with_mtp=True, grad=True, mtp_objective="acceptance")
-    rows = pack_rows(batch)
-    with torch.no_grad():
-        full = model(rows.input_ids, rows.cu_seqlens)
-    _, mask = mtp_targets(rows.input_ids, rows.response_mask, rows.cu_seqlens)
-    at = mask.nonzero().squeeze(-1)
-    p = torch.softmax(full.logits[at + 1] / temperature, dim=-1)
+    full, _, _, at, p = teacher_one_position_later(model, batch, temperature)
     q = torch.softmax(full.mtp_logits[0][at], dim=-1)
     accepted = torch.stack([torch.minimum(p[i], q[i]).sum() for i in range(len(at))]).mean()
     assert float(out.mtp_loss) == pytest.approx(-float(accepted), rel=1e-5)
