@@ -37,6 +37,12 @@ class CheckpointError(RuntimeError):
     """A checkpoint directory that cannot be loaded; the message names the offending file."""
 
 
+def has_mtp_layer(path: str | Path) -> bool:
+    """Whether the checkpoint directory's config.json declares an MTP layer (``num_nextn_predict_layers``)."""
+    config = Path(path) / "config.json"
+    return config.is_file() and bool(json.loads(config.read_text()).get("num_nextn_predict_layers"))
+
+
 def is_complete(path: str | Path) -> bool:
     path = Path(path)
     return (path / COMPLETE_MARKER).is_file() and all((path / f).is_file() for f in REQUIRED_FILES)

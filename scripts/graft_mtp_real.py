@@ -83,7 +83,7 @@ def main() -> None:
 
     import torch
 
-    from mtp.checkpoint import load_tokenizer
+    from mtp.checkpoint import has_mtp_layer, load_tokenizer
     from mtp.graft import graft_mtp
     from mtp.head_training import WARMUP_PROMPTS, held_out_prompts, mtp_acceptance, own_samples, train_head
     from recipe.dapo.data import load_prompts
@@ -100,8 +100,7 @@ def main() -> None:
     name = Path(base).name
     grafted = graft_mtp(base, CACHE_DIR / f"{name}-mtp-untrained")
     start = Path(args.init_from) if args.init_from else grafted
-    config = start / "config.json"
-    if not config.is_file() or not json.loads(config.read_text()).get("num_nextn_predict_layers"):
+    if not has_mtp_layer(start):
         parser.error(f"--init-from {start}: the checkpoint has no MTP layer (python -m mtp.graft grafts one)")
     tokenizer = load_tokenizer(grafted)
     train_file, _ = write_splits()

@@ -22,6 +22,7 @@ import numpy as np
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
+from mtp.checkpoint import has_mtp_layer  # noqa: E402
 from mtp.head_training import WARMUP_PROMPTS, held_out_prompts, mtp_acceptance  # noqa: E402
 
 METRICS = ("acceptance", "tokens_per_request_step", "rollout_tok_s")
@@ -32,10 +33,9 @@ def parse_head(text: str) -> tuple[str, Path]:
     label, sep, path = text.partition("=")
     if not sep or not label or not path:
         raise argparse.ArgumentTypeError(f"--head {text!r}: expected LABEL=CHECKPOINT_DIR")
-    config = Path(path) / "config.json"
-    if not config.is_file():
+    if not (Path(path) / "config.json").is_file():
         raise argparse.ArgumentTypeError(f"--head {text!r}: {path} holds no config.json (a checkpoint directory)")
-    if not json.loads(config.read_text()).get("num_nextn_predict_layers"):
+    if not has_mtp_layer(path):
         raise argparse.ArgumentTypeError(
             f"--head {text!r}: {path} has no MTP layer (scripts/graft_mtp_real.py grafts and trains one)"
         )

@@ -84,10 +84,9 @@ def require_local_trainable(model: str) -> None:
 def require_mtp_layer(model: str) -> None:
     """``spec=mtp`` drafts with the checkpoint's own MTP layer: a checkpoint without one is named at start, with how
     to graft one (mtp/graft.py), instead of failing inside vLLM's engine start."""
-    import json
+    from mtp.checkpoint import has_mtp_layer
 
-    config = Path(model, "config.json")
-    if config.is_file() and not json.loads(config.read_text()).get("num_nextn_predict_layers"):
+    if Path(model, "config.json").is_file() and not has_mtp_layer(model):
         raise ConfigError(
             f"spec=mtp: {model} has no MTP layer (config.json num_nextn_predict_layers); graft one onto a Llama "
             f"checkpoint with `python -m mtp.graft {model} OUT_DIR` (scripts/graft_mtp_real.py also trains it on the "
