@@ -28,6 +28,7 @@ from mtp.loss import expected_acceptance, mtp_targets, next_token_targets
 from mtp.model import MiMoForCausalLM, packed_positions, rope_cos_sin, run_mtp_layers
 
 DRIFT_PROBE_FILE = "drift_probe.json"  # the probe's token ids, in the run directory
+CHUNK_TOKENS = 1024  # probe tokens scored per forward: bounds the [tokens, vocabulary] tensors of a measurement
 # what measure() returns for the tables that show it (scripts/summarize_run.py, scripts/frozen_head_drift.py); the top-1
 # agreement columns it also returns are left out of them
 METRIC_LABELS = {
@@ -39,62 +40,107 @@ METRIC_LABELS = {
 }
 
 
-class DriftProbe:
-    """The fixed sequences, the starting policy's next-token distributions on them, and its MTP head."""
+class ProbeChunk:
+    """Whole probe sequences packed into one stream, and the positions the metrics read in it."""
 
-    def __init__(self, start: MiMoForCausalLM, sequences: list[dict], temperature: float):
-        start = start.eval().requires_grad_(False)
-        self.start_head = start.model.mtp_layers  # all of the starting policy that measure() runs again
-        self.temperature = temperature
+    def __init__(self, sequences: list[dict]):
         ids, mask, lengths = [], [], []
         for s in sequences:
             ids += s["prompt"] + s["response"]
             mask += [0] * len(s["prompt"]) + [1] * len(s["response"])
             lengths.append(len(s["prompt"]) + len(s["response"]))
         self.input_ids = torch.tensor(ids)
-        self.response_mask = torch.tensor(mask)
         self.cu_seqlens = torch.zeros(len(lengths) + 1, dtype=torch.long)
         self.cu_seqlens[1:] = torch.tensor(lengths).cumsum(0)
+        response_mask = torch.tensor(mask)
         # position t scores token t+1 (the next-token distribution) where t+1 is a response token
-        _, scored = next_token_targets(self.input_ids, self.response_mask, self.cu_seqlens)
+        _, scored = next_token_targets(self.input_ids, response_mask, self.cu_seqlens)
         self.next_positions = scored.nonzero().squeeze(-1)
         # an MTP head at t drafts token t+2 from the hidden state at t and token t+1; the policy judges it at t+1
-        _, drafted = mtp_targets(self.input_ids, self.response_mask, self.cu_seqlens, depth=0)
+        _, drafted = mtp_targets(self.input_ids, response_mask, self.cu_seqlens, depth=0)
         self.draft_positions = drafted.nonzero().squeeze(-1)
+
+
+def chunk_sequences(sequences: list[dict], max_tokens: int) -> list[ProbeChunk]:
+    """Consecutive sequences grouped into chunks of at most ``max_tokens`` tokens (a longer sequence alone)."""
+    groups, tokens = [[]], 0
+    for s in sequences:
+        length = len(s["prompt"]) + len(s["response"])
+        if groups[-1] and tokens + length > max_tokens:
+            groups.append([])
+            tokens = 0
+        groups[-1].append(s)
+        tokens += length
+    return [ProbeChunk(group) for group in groups if group]
+
+
+class DriftProbe:
+    """The fixed sequences, the starting policy's next-token distributions on them, and its MTP head.
+
+    The sequences are scored ``chunk_tokens`` tokens at a time: every [tokens, vocabulary] tensor of a measurement
+    then has ``chunk_tokens`` rows, not the probe's (on SmolLM2 one unchunked pass over 8,070 probe tokens held
+    several 1.6 GB float32 copies of the logits at once: a 16-20 GB peak every step, results/real/README.md). The
+    metrics are sums over chunks divided by the probe's position counts, so they do not depend on the chunking."""
+
+    def __init__(
+        self, start: MiMoForCausalLM, sequences: list[dict], temperature: float, chunk_tokens: int = CHUNK_TOKENS
+    ):
+        start = start.eval().requires_grad_(False)
+        self.start_head = start.model.mtp_layers  # all of the starting policy that measure() runs again
+        self.temperature = temperature
+        self.chunks = chunk_sequences(sequences, chunk_tokens)
         with torch.no_grad():
-            logits = start(self.input_ids, self.cu_seqlens, with_mtp=False).logits[self.next_positions]
-            self.start_logp = F.log_softmax(logits.float() / self.temperature, dim=-1)
+            self.start_logp = [
+                F.log_softmax(
+                    start(c.input_ids, c.cu_seqlens, with_mtp=False).logits[c.next_positions].float() / temperature,
+                    dim=-1,
+                )
+                for c in self.chunks
+            ]
 
     @torch.no_grad()
     def measure(self, policy: MiMoForCausalLM) -> dict[str, float]:
         """The drift metrics of ``policy`` (the current one) against the starting policy."""
         was_training = policy.training
         policy.eval()
+        sums: dict[str, float] = {}
         try:
-            out = policy(self.input_ids, self.cu_seqlens, with_mtp=True, mtp_positions=self.draft_positions)
-            logp = F.log_softmax(out.logits.float() / self.temperature, dim=-1)
-            embeds = policy.model.embed_tokens(self.input_ids)
-            positions = packed_positions(self.cu_seqlens, self.input_ids.shape[0])
-            rope = rope_cos_sin(positions, policy.config.head_dim, policy.config.rope_theta)
-            start_head = run_mtp_layers(
-                self.start_head, out.hidden, embeds, policy.lm_head.weight, self.cu_seqlens, positions,
-                rope, mtp_positions=self.draft_positions,
-            )[0]  # fmt: skip
+            for chunk, start_logp in zip(self.chunks, self.start_logp, strict=True):
+                for key, value in self._chunk_sums(policy, chunk, start_logp).items():
+                    sums[key] = sums.get(key, 0.0) + value
         finally:
             policy.train(was_training)
-        now = logp[self.next_positions]
-        kl = (self.start_logp.exp() * (self.start_logp - now)).sum(-1).mean()
-        judge = logp[self.draft_positions + 1]  # the policy's distribution over the drafted token
+        scored = sum(c.next_positions.numel() for c in self.chunks)
+        drafted = sum(c.draft_positions.numel() for c in self.chunks)
+        return {key: value / (scored if key == "drift/kl_from_start" else drafted) for key, value in sums.items()}
+
+    def _chunk_sums(self, policy: MiMoForCausalLM, chunk: ProbeChunk, start_logp: torch.Tensor) -> dict[str, float]:
+        """The metrics' sums over one chunk's positions (KL over scored positions, the heads' over drafted ones)."""
+        drafts = chunk.draft_positions.numel() > 0
+        out = policy(chunk.input_ids, chunk.cu_seqlens, with_mtp=drafts, mtp_positions=chunk.draft_positions)
+        now = F.log_softmax(out.logits[chunk.next_positions].float() / self.temperature, dim=-1)
+        sums = {"drift/kl_from_start": float((start_logp.exp() * (start_logp - now)).sum())}
+        del now
+        if not drafts:  # only one-token responses: nothing for a head to draft
+            return sums
+        embeds = policy.model.embed_tokens(chunk.input_ids)
+        positions = packed_positions(chunk.cu_seqlens, chunk.input_ids.shape[0])
+        rope = rope_cos_sin(positions, policy.config.head_dim, policy.config.rope_theta)
+        start_head = run_mtp_layers(
+            self.start_head, out.hidden, embeds, policy.lm_head.weight, chunk.cu_seqlens, positions,
+            rope, mtp_positions=chunk.draft_positions,
+        )[0]  # fmt: skip
+        # the policy's distribution over the drafted token, at t+1
+        judge = F.log_softmax(out.logits[chunk.draft_positions + 1].float() / self.temperature, dim=-1)
         greedy = judge.argmax(-1)
         judge_probs = judge.exp()
-        metrics = {"drift/kl_from_start": float(kl)}
         for name, logits in (("start_head", start_head), ("head", out.mtp_logits[0])):
             draft = logits.argmax(-1)
-            metrics[f"drift/mtp_accept_{name}"] = float(judge.gather(-1, draft[:, None]).exp().mean())
-            metrics[f"drift/mtp_top1_{name}"] = float((draft == greedy).float().mean())
+            sums[f"drift/mtp_accept_{name}"] = float(judge.gather(-1, draft[:, None]).exp().sum())
+            sums[f"drift/mtp_top1_{name}"] = float((draft == greedy).float().sum())
             accepted = expected_acceptance(logits.float() / self.temperature, judge_probs)
-            metrics[f"drift/mtp_accept_sampled_{name}"] = float(accepted.mean())
-        return metrics
+            sums[f"drift/mtp_accept_sampled_{name}"] = float(accepted.sum())
+        return sums
 
 
 def load_or_sample_probe(run_dir: Path, sample) -> list[dict]:

@@ -6,12 +6,13 @@ import copy
 import importlib.util
 from pathlib import Path
 
+import pytest
 import torch
 import torch.nn.functional as F
 from test_mtp import tiny_model
 
 from mtp.checkpoint import load_checkpoint, save_checkpoint
-from recipe.dapo.drift import DriftProbe, load_or_sample_probe
+from recipe.dapo.drift import CHUNK_TOKENS, DriftProbe, load_or_sample_probe
 
 TEMPERATURE = 0.7
 _spec = importlib.util.spec_from_file_location(
@@ -66,14 +67,19 @@ def oracle(start, policy, sequences: list[dict]) -> dict[str, float]:
     return out
 
 
-def test_drift_metrics_equal_the_sequence_by_sequence_oracle_on_a_moved_trunk_and_head():
+@pytest.mark.parametrize("chunk_tokens", [CHUNK_TOKENS, 16])
+def test_drift_metrics_equal_the_sequence_by_sequence_oracle_on_a_moved_trunk_and_head(chunk_tokens):
+    """At 16 tokens a chunk the probe splits into four chunks (the 21-token sequence alone, over the limit; the
+    one-token response alone, with nothing drafted): the metrics must not depend on the chunking."""
     start = tiny_model(seed=0)
     policy = copy.deepcopy(start)
     with torch.no_grad():  # move everything, the MTP head included, as an online run would
         for i, p in enumerate(policy.parameters()):
             p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(i)) * 0.05)
     sequences = probe_sequences()
-    got = DriftProbe(copy.deepcopy(start), sequences, TEMPERATURE).measure(policy)
+    probe = DriftProbe(copy.deepcopy(start), sequences, TEMPERATURE, chunk_tokens=chunk_tokens)
+    assert len(probe.chunks) == (1 if chunk_tokens == CHUNK_TOKENS else 4)
+    got = probe.measure(policy)
     want = oracle(start.eval(), policy.eval(), sequences)
     assert got.keys() == want.keys()
     for key in want:
