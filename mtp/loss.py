@@ -113,8 +113,12 @@ def mtp_loss(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The online MTP loss and top-1 accuracy at the trained positions: ``sampled``, CE of the sampled token t+2
     (slime's); ``distill``, :func:`distill_ce`, and ``acceptance``, :func:`acceptance_loss`, against
-    ``softmax(teacher_logits)``, the policy's logits at t+1 already divided by the rollout temperature (detached here;
-    ``sampled`` does not read them)."""
+    ``softmax(teacher_logits)``, the policy's logits at t+1 (detached here; ``sampled`` does not read them).
+
+    Both ``logits`` (the head's) and ``teacher_logits`` come divided by the rollout temperature: vLLM samples a
+    probabilistic draft from ``softmax(head logits / T)`` (``compute_probs_and_sample_next_token``), so that is the
+    distribution to train, as the drift probe scores it. Raw head logits trained against the tempered policy would
+    be tempered a second time at T != 1."""
     if objective != "sampled" and teacher_logits is None:
         raise ValueError(
             f"spec.mtp.objective={objective} needs the policy's logits one position later (teacher_logits)"

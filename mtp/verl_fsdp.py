@@ -85,12 +85,13 @@ class MiMoMTPForCausalLM(Qwen2ForCausalLM):
             detach_inputs=True, mtp_positions=at,
         )  # fmt: skip
         objective = str(getattr(self.config, MTP_OBJECTIVE_KEY, "sampled"))
+        temperature = mtp_batch["temperature"][at + 1, None]  # the rollout's, at the drafted token
         teacher = None
         if objective != "sampled":
             # the policy's distribution of token t+2: its logits at t+1, at the rollout temperature
             full = out.logits[mask.bool()] if mask is not None else out.logits[0, : ids.shape[0]]
-            teacher = full[at + 1].detach().float() / mtp_batch["temperature"][at + 1, None]
-        head_loss, head_acc = mtp_loss(objective, logits, targets[at], teacher)
+            teacher = full[at + 1].detach().float() / temperature
+        head_loss, head_acc = mtp_loss(objective, logits / temperature, targets[at], teacher)
         self.mtp_result = (head_loss.detach(), head_acc)
         # the loss rides on the logits' backward: FSDP gathers the parameters again before the backward of the
         # forward's outputs, and a loss kept aside would run its backward on freed parameter storage

@@ -127,7 +127,7 @@ def forward_rows(
         if with_mtp:
             # the teacher, the policy's distribution of token t+2, is its output at t+1
             teacher = logits.detach()[mtp_positions + 1] if mtp_objective != "sampled" else None
-            head_loss, head_acc = mtp_loss(mtp_objective, out.mtp_logits[0], mtp_target_ids, teacher)
+            head_loss, head_acc = mtp_loss(mtp_objective, out.mtp_logits[0] / temperature, mtp_target_ids, teacher)
     return ForwardOut(
         unpack_to_responses(token_logp, rows, width),
         unpack_to_responses(entropy.detach(), rows, width),

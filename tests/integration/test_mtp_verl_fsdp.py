@@ -94,6 +94,8 @@ def local_distill_loss(checkpoint: Path, temperature: float) -> float:
             out = model(ids, cu)
         targets, trained = mtp_targets(ids, mask, cu)
         at = trained.nonzero().squeeze(-1)
-        loss, _ = mtp_loss("distill", out.mtp_logits[0][at], targets[at], out.logits[at + 1] / temperature)
+        loss, _ = mtp_loss(
+            "distill", out.mtp_logits[0][at] / temperature, targets[at], out.logits[at + 1] / temperature
+        )
         losses.append(float(loss))
     return sum(losses) / len(losses)

@@ -222,9 +222,10 @@ def teacher_one_position_later(model, batch, temperature: float):
 
 
 def test_the_distill_objective_is_the_ce_against_the_policys_own_distribution_one_position_later():
-    """``spec.mtp.objective=distill``: at each trained position t the head's loss is the CE against the policy's
-    distribution of token t+2 at the rollout temperature (its logits at t+1 over T), from the same forward; a one-hot
-    teacher on the sampled token gives back the sampled objective's CE (fails for a teacher taken at t, or at T=1)."""
+    """``spec.mtp.objective=distill``: at each trained position t the head's loss is the CE of its distribution at the
+    rollout temperature (what vLLM samples a draft from) against the policy's distribution of token t+2 at it (its
+    logits at t+1 over T), from the same forward; a one-hot teacher on the sampled token gives back the sampled
+    objective's CE (fails for a teacher taken at t, or either side at T=1)."""
     from mtp.loss import mtp_loss
     from recipe.dapo.policy import forward_rows
 
@@ -233,7 +234,7 @@ def test_the_distill_objective_is_the_ce_against_the_policys_own_distribution_on
     temperature = 0.7
     out = forward_rows(model, batch, temperature, with_mtp=True, grad=False, mtp_objective="distill")
     full, t, mask, at, teacher = teacher_one_position_later(model, batch, temperature)
-    expected = -(teacher * F.log_softmax(full.mtp_logits[0][at], dim=-1)).sum(-1).mean()
+    expected = -(teacher * F.log_softmax(full.mtp_logits[0][at] / temperature, dim=-1)).sum(-1).mean()
     assert float(out.mtp_loss) == pytest.approx(float(expected), rel=1e-5)
     sampled = forward_rows(model, batch, temperature, with_mtp=True, grad=False, mtp_objective="sampled")
     assert abs(float(sampled.mtp_loss) - float(out.mtp_loss)) > 0.05
@@ -248,8 +249,8 @@ def test_the_distill_objective_is_the_ce_against_the_policys_own_distribution_on
 def test_the_acceptance_objective_is_minus_a_sampled_drafts_chance_of_acceptance_and_raises_it():
     """``spec.mtp.objective=acceptance``: the head's loss is minus the mean of ``sum(min(p, q))`` over the trained
     positions, p the policy's distribution of token t+2 at the rollout temperature (its logits at t+1 over T), q the
-    head's; written here from the definition, and an SGD step on it raises that acceptance (fails for a teacher taken
-    at t, or a sign error)."""
+    head's at it; written here from the definition, and an SGD step on it raises that acceptance (fails for a teacher
+    taken at t, an untempered head, or a sign error)."""
     from recipe.dapo.policy import forward_rows
 
     model = tiny_model()
@@ -257,7 +258,7 @@ def test_the_acceptance_objective_is_minus_a_sampled_drafts_chance_of_acceptance
     temperature = 0.7
     out = forward_rows(model, batch, temperature, with_mtp=True, grad=True, mtp_objective="acceptance")
     full, _, _, at, p = teacher_one_position_later(model, batch, temperature)
-    q = torch.softmax(full.mtp_logits[0][at], dim=-1)
+    q = torch.softmax(full.mtp_logits[0][at] / temperature, dim=-1)  # what vLLM samples a draft from
     accepted = torch.stack([torch.minimum(p[i], q[i]).sum() for i in range(len(at))]).mean()
     assert float(out.mtp_loss) == pytest.approx(-float(accepted), rel=1e-5)
     assert 0.0 < float(accepted) < 1.0
