@@ -24,6 +24,7 @@ from mtp import MTP_OBJECTIVES
 from mtp.checkpoint import load_checkpoint, load_tokenizer, save_checkpoint
 from mtp.loss import expected_acceptance, mtp_targets, objective_loss
 from mtp.model import packed_positions, rope_cos_sin, run_mtp_layers
+from recipe.dapo.timeline import RolloutTimeline
 from recipe.sft.train import TokenizedExample, pack_batches
 
 WARMUP_PROMPTS = 4  # prompts a fresh engine samples, unmeasured, before a rollout whose tokens/s is reported
@@ -212,7 +213,7 @@ def held_out_prompts(checkpoint: str | Path, count: int) -> list[list[int]]:
     return load_prompts(str(test_file), load_tokenizer(checkpoint), 512, count)[1]
 
 
-def mtp_acceptance(
+def mtp_rollout(
     ckpt: str | Path,
     prompts: list[list[int]],
     n: int,
@@ -222,16 +223,23 @@ def mtp_acceptance(
     draft_sample_method: str = "greedy",
     dtype: str = "bfloat16",
     warmup: Sequence[list[int]] = (),
-) -> dict:
+) -> tuple[dict, RolloutTimeline]:
     """The checkpoint's MTP head drafting in vLLM (method ``mtp``, one token) at T=1: the share of its drafts
-    accepted, tokens per request-step and the rollout's tokens/s."""
+    accepted, tokens per request-step, tokens per response and the rollout's tokens/s; and the rollout's timeline."""
     from recipe.engine import speculative_config
 
     spec = speculative_config("mtp", 1, draft_sample_method=draft_sample_method)
-    s = rollout_at_t1(ckpt, spec, prompts, n, max_tokens, seed, progress, dtype, warmup).timeline.summary(8)
+    timeline = rollout_at_t1(ckpt, spec, prompts, n, max_tokens, seed, progress, dtype, warmup).timeline
+    s = timeline.summary(8)
     return {
         "acceptance": s["accepted_tokens"] / max(s["draft_tokens"], 1.0),
         "tokens_per_request_step": s["tokens_per_request_step"],
         "tokens": s["tokens"],
+        "tokens_per_response": s["tokens"] / max(len(prompts) * n, 1),
         "rollout_tok_s": s["throughput_tok_s"],
-    }
+    }, timeline
+
+
+def mtp_acceptance(*args, **kwargs) -> dict:
+    """:func:`mtp_rollout`'s figures without the timeline (what the head reports keep)."""
+    return mtp_rollout(*args, **kwargs)[0]

@@ -33,9 +33,10 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 from mtp.checkpoint import load_checkpoint, load_tokenizer, save_checkpoint  # noqa: E402
-from mtp.head_training import WARMUP_PROMPTS, held_out_prompts, mtp_acceptance  # noqa: E402
+from mtp.head_training import WARMUP_PROMPTS, held_out_prompts, mtp_rollout  # noqa: E402
 from mtp.model import MiMoForCausalLM  # noqa: E402
 from recipe.dapo.drift import METRIC_LABELS, DriftProbe  # noqa: E402
+from recipe.dapo.timeline import equal_work_vs_off, speed_by_active_requests_vs_off  # noqa: E402
 
 
 def parse_policy(text: str) -> tuple[str, Path]:
@@ -60,25 +61,43 @@ def rollout_ab(
     policy: Path, swapped: Path, prompts: list[list[int]], warmup: list[list[int]], args: argparse.Namespace
 ) -> dict:
     """Own head vs the starting head on the policy's trunk, served in vLLM (method ``mtp``, one draft token, the
-    experiment's probabilistic drafts), repeats in alternating order; medians and the median paired ratio."""
+    experiment's probabilistic drafts), repeats in alternating order; medians and the median paired ratios.
+
+    Each rollout samples other responses (a draft changes which tokens T=1 draws), and at 20-30 tokens a response a
+    rollout's tokens/s is set by its few long ones. So the own head is also timed at the starting head's mix of
+    batch sizes (``recipe.dapo.timeline.equal_work_vs_off``, the starting head as the reference): the same work,
+    which the raw tokens/s ratio is not."""
     runs: dict[str, list[dict]] = {"own": [], "start": []}
+    timelines: dict[str, list] = {"own": [], "start": []}
     for rep in range(args.rollout_repeats):
         order = (("own", policy), ("start", swapped)) if rep % 2 == 0 else (("start", swapped), ("own", policy))
         for head, ckpt in order:
-            runs[head].append(
-                mtp_acceptance(
-                    ckpt, prompts, args.rollout_n, args.max_tokens, args.seed + rep, progress=False,
-                    draft_sample_method="probabilistic", dtype=args.dtype, warmup=warmup,
-                )
+            figures, timeline = mtp_rollout(
+                ckpt, prompts, args.rollout_n, args.max_tokens, args.seed + rep, progress=False,
+                draft_sample_method="probabilistic", dtype=args.dtype, warmup=warmup,
             )  # fmt: skip
+            runs[head].append(figures)
+            timelines[head].append(timeline)
     out = {}
     for head, rows in runs.items():
-        for key in ("rollout_tok_s", "acceptance", "tokens_per_request_step"):
+        for key in ("rollout_tok_s", "acceptance", "tokens_per_request_step", "tokens_per_response"):
             out[f"rollout/{head}_head_{key}"] = float(np.median([r[key] for r in rows]))
     ratios = [o["rollout_tok_s"] / s["rollout_tok_s"] for o, s in zip(runs["own"], runs["start"], strict=True)]
     out["rollout/own_over_start_tok_s"] = float(np.median(ratios))
     out["rollout/own_over_start_tok_s_runs"] = ratios
+    equal_work = [
+        equal_work_own_over_start([o], [s]) for o, s in zip(timelines["own"], timelines["start"], strict=True)
+    ]
+    out["rollout/own_over_start_equal_work"] = equal_work_own_over_start(timelines["own"], timelines["start"])
+    out["rollout/own_over_start_equal_work_runs"] = equal_work
     return out
+
+
+def equal_work_own_over_start(own: list, start: list) -> float:
+    """The own head's rollouts over the starting head's, at the starting head's mix of batch sizes (all rollouts'
+    engine steps pooled by active requests)."""
+    bands = speed_by_active_requests_vs_off({"start": start, "own": own}, reference="start")
+    return equal_work_vs_off(bands, reference="start")["own"]
 
 
 def main() -> None:
@@ -132,20 +151,26 @@ def main() -> None:
             "",
             f"Served in vLLM (method `mtp`, one probabilistic draft token, T=1, {args.rollout_prompts} held-out prompts x "
             f"{args.rollout_n}, up to {args.max_tokens} tokens, {args.dtype}, {args.rollout_repeats} rollouts per head in "
-            "alternating order; medians): the policy's own head against the starting head swapped onto its trunk.",
+            "alternating order; medians): the policy's own head against the starting head swapped onto its trunk. "
+            "Equal work: the own head's speed at the starting head's mix of batch sizes (all repeats pooled; per "
+            "repeat in brackets), which the raw tokens/s ratio is not when the two rollouts' response lengths differ.",
             "",
-            "| policy | own head tok/s | start head tok/s | own / start (paired) | own head accepted | start head "
-            "accepted | own tokens/request-step | start tokens/request-step |",
-            "|---|---|---|---|---|---|---|---|",
+            "| policy | own head tok/s | start head tok/s | own / start (paired) | own / start, equal work | own head "
+            "accepted | start head accepted | own tokens/request-step | start tokens/request-step | tokens per "
+            "response, own vs start |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
         for row in served:
             ratios = ", ".join(f"{r:.3f}" for r in row["rollout/own_over_start_tok_s_runs"])
+            equal = ", ".join(f"{r:.3f}" for r in row["rollout/own_over_start_equal_work_runs"])
             lines.append(
                 f"| {row['policy']} | {row['rollout/own_head_rollout_tok_s']:.1f} | "
                 f"{row['rollout/start_head_rollout_tok_s']:.1f} | {row['rollout/own_over_start_tok_s']:.3f} ({ratios}) | "
+                f"{row['rollout/own_over_start_equal_work']:.3f} ({equal}) | "
                 f"{row['rollout/own_head_acceptance']:.3f} | {row['rollout/start_head_acceptance']:.3f} | "
                 f"{row['rollout/own_head_tokens_per_request_step']:.3f} | "
-                f"{row['rollout/start_head_tokens_per_request_step']:.3f} |"
+                f"{row['rollout/start_head_tokens_per_request_step']:.3f} | "
+                f"{row['rollout/own_head_tokens_per_response']:.1f} vs {row['rollout/start_head_tokens_per_response']:.1f} |"
             )
     (args.out / "frozen_head_drift.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
