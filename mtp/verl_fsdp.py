@@ -88,9 +88,10 @@ class MiMoMTPForCausalLM(Qwen2ForCausalLM):
         temperature = mtp_batch["temperature"][at + 1, None]  # the rollout's, at the drafted token
         teacher = None
         if objective != "sampled":
-            # the policy's distribution of token t+2: its logits at t+1, at the rollout temperature
-            full = out.logits[mask.bool()] if mask is not None else out.logits[0, : ids.shape[0]]
-            teacher = full[at + 1].detach().float() / temperature
+            # the policy's distribution of token t+2: its logits at t+1, at the rollout temperature. Only those rows
+            # are gathered: the padded layout's boolean mask would copy every position's [vocabulary] row first
+            rows = at + 1 if mask is None else mask.flatten().nonzero().squeeze(-1)[at + 1]
+            teacher = out.logits.flatten(0, 1)[rows].detach().float() / temperature
         head_loss, head_acc = mtp_loss(objective, logits / temperature, targets[at], teacher)
         self.mtp_result = (head_loss.detach(), head_acc)
         # the loss rides on the logits' backward: FSDP gathers the parameters again before the backward of the
