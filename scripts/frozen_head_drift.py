@@ -12,9 +12,10 @@ kept by such a run.
 
 ``--rollout-prompts K`` also serves each checkpoint in vLLM twice, with its own head and with the starting head
 swapped onto its trunk (what a frozen-head run would serve at that policy), ``--rollout-repeats`` times in
-alternating order on K held-out prompts x ``--rollout-n`` at T=1, and reports rollout tokens/s, drafts accepted and
-tokens per request-step: the throughput side of online vs frozen at the same policy, which two training runs could
-only compare across diverging policies.
+alternating order on K held-out prompts x ``--rollout-n`` at T=1, and reports rollout tokens/s (raw, and at the
+starting head's mix of batch sizes), drafts accepted, tokens per request-step and per response: the throughput side
+of online vs frozen at the same policy, which two training runs could only compare across diverging policies. With
+``--start`` set to the policy itself both sides serve one head (an A/A pair: the noise of the tokens/s ratio).
 """
 
 from __future__ import annotations
