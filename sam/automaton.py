@@ -45,6 +45,8 @@ import numba as nb
 import numpy as np
 from numba.typed import List
 
+from sam.cells import OWN_AGREED, OWN_ONCE, OWN_ONCE_SPLIT, OWN_SPLIT, counted_level, match_band
+
 CLONE = 1 << 30  # clone ids: CLONE | index into the clone table; prefix state ids: 0..n
 NO_TOK = -(2**31)  # no token: an empty chain or no inline edge (token ids must be greater)
 _LOW32 = np.int64(0xFFFFFFFF)
@@ -60,7 +62,9 @@ C_LEN, C_LINK, C_END, C_TOK, C_TO, C_HEAD, C_LAST = range(7)  # clone columns (C
 # P_LAST and C_LAST, where a state's latest occurrence ends, exist only in automata that track it (``latest``)
 RECENT_DEPTH = 2  # states along the suffix path whose latest occurrence each appended token updates (2 drafts
 # as well as 16 teacher-forced; each deeper state costs a cache miss per token)
-S_OCC, S_LAST = range(2)  # occurrence-count columns: occurrences of a state's strings, end of the last one
+S_OCC, S_BEST = range(2)  # occurrence-count columns: occurrences of a state's strings, and the continuation most of
+# them took (the latest occurrence's on ties; NO_TOK: none but a separator), so a draft reads it instead of scanning
+# a state's out-edges (a one-token context in a corpus of every prompt's responses has hundreds)
 GROWTH = 1.5  # arrays grow by this factor (the hash doubles)
 BYTES_PER_TOKEN = 64  # the memory budget the layout keeps on text (tests/unit/test_sam_automaton.py), for sizing bounds
 MAX_LOAD = 0.75  # hash slots in use before it doubles
@@ -343,6 +347,36 @@ def _draft(pf, cl, text_len, state, mlen, k, min_match, out) -> int:
     return n
 
 
+@nb.njit(cache=True, inline="always")
+def _branches(pf, cl, s) -> bool:
+    """Whether state ``s`` has more than one out-edge (its occurrences went on in several ways): edges in the hash
+    beside its solid (prefix state) or inline (clone) edge."""
+    return _head(pf, cl, s) != NO_TOK
+
+
+@nb.njit(cache=True)
+def _own_evidence(pf, cl, table, n_text, state, mlen, copied_end, draft, n, level) -> None:
+    """Each of the ``n`` tokens of a draft copied from the request's own text after the match's latest earlier
+    occurrence (which ends at ``copied_end``): its evidence level (:mod:`sam.cells`), by whether the text up to it
+    (the match and the draft before it) occurred before that copy too, and whether those occurrences all went on
+    the same way (the automaton state's out-edges)."""
+    while state != 0 and _length(cl, _link(pf, cl, state)) >= mlen:
+        state = _link(pf, cl, state)
+    end = copied_end
+    for j in range(n):
+        if state <= 0:
+            level[j] = OWN_ONCE
+        elif _endpos(cl, state) >= end:
+            shorter = _link(pf, cl, state)  # the text up to the token seen once: did a shorter context go on in
+            # several ways?
+            level[j] = OWN_ONCE_SPLIT if shorter > 0 and _branches(pf, cl, shorter) else OWN_ONCE
+        else:
+            level[j] = OWN_SPLIT if _branches(pf, cl, state) else OWN_AGREED
+        if state > 0:
+            state = _transition(pf, cl, table, n_text, state, draft[j])
+        end += 1
+
+
 @nb.njit(cache=True)
 def _draft_recent(pf, n_text, end, k, out) -> int:
     """Write up to ``k`` tokens that followed text position ``end`` (where the match's latest earlier occurrence
@@ -362,10 +396,11 @@ def _draft_recent(pf, n_text, end, k, out) -> int:
 
 
 @nb.njit(cache=True)
-def _count(pf_l, cl_l, meta_l, stats_l, slot) -> None:
-    """Occurrence counts of every state of automaton ``slot``: how many times its strings occur in the text and
-    where the last occurrence ends (a state's end positions are its prefix states' in its suffix-link subtree,
-    so counts flow from longer states to their links). Row of prefix state i: i; of clone j: text length + 1 + j.
+def _count(pf_l, cl_l, table_l, meta_l, stats_l, slot) -> None:
+    """Occurrence counts of every state of automaton ``slot``: how many times its strings occur in the text (a
+    state's end positions are its prefix states' in its suffix-link subtree, so counts flow from longer states to
+    their links), and the continuation most occurrences took (:data:`S_BEST`). Row of prefix state i: i; of clone
+    j: text length + 1 + j.
     """
     meta = meta_l[slot]
     pf, cl = pf_l[slot], cl_l[slot]
@@ -374,8 +409,8 @@ def _count(pf_l, cl_l, meta_l, stats_l, slot) -> None:
     rows = n + 1 + n_clones
     st = np.empty((rows, 2), dtype=np.int32)
     _huge_pages(st)
+    last = np.full(rows, -1, dtype=np.int32)  # where a state's latest occurrence ends: the tie-break of S_BEST
     st[:, S_OCC] = 0
-    st[:, S_LAST] = -1
     by_length = np.zeros(n + 2, dtype=np.int64)  # counting sort of the states, longest first
     by_length[: n + 1] = 1
     for j in range(n_clones):
@@ -395,16 +430,47 @@ def _count(pf_l, cl_l, meta_l, stats_l, slot) -> None:
         by_length[length] += 1
     for i in range(1, n + 1):
         st[i, S_OCC] = 1
-        st[i, S_LAST] = i - 1
+        last[i] = i - 1
     for r in order:
         if r == 0:
             continue
         link = pf[r, P_LINK] if r <= n else cl[r - n - 1, C_LINK]
         up = link if link < CLONE else n + 1 + (link - CLONE)
         st[up, S_OCC] += st[r, S_OCC]
-        st[up, S_LAST] = max(st[up, S_LAST], st[r, S_LAST])
+        last[up] = max(last[up], last[r])
+    best = np.empty(rows, dtype=np.int32)
+    for r in range(rows):
+        best[r] = _most_taken(pf, cl, table_l[slot], st, last, n, r if r <= n else CLONE + (r - n - 1))
+    st[:, S_BEST] = best
     stats_l[slot] = st
     meta[COUNTED_LEN] = n
+
+
+@nb.njit(cache=True)
+def _most_taken(pf, cl, table, st, last, n_text, state) -> int:
+    """The token most occurrences of ``state`` went on with (the latest occurrence's on ties; separators never), or
+    NO_TOK; ``st`` holds the occurrence counts, ``last`` where each state's latest occurrence ends."""
+    best_tok, best_occ, best_last = NO_TOK, 0, -1
+    if state < CLONE:
+        if state < n_text:
+            t, to = pf[state, P_TOK], state + 1
+            if t >= 0 and (st[to, S_OCC] > best_occ or (st[to, S_OCC] == best_occ and last[to] > best_last)):
+                best_tok, best_occ, best_last = t, st[to, S_OCC], last[to]
+        h = pf[state, P_HEAD]
+    else:
+        t, to = cl[state - CLONE, C_TOK], cl[state - CLONE, C_TO]
+        if t != NO_TOK:
+            row = _stat_row(n_text, to)
+            if t >= 0 and (st[row, S_OCC] > best_occ or (st[row, S_OCC] == best_occ and last[row] > best_last)):
+                best_tok, best_occ, best_last = t, st[row, S_OCC], last[row]
+        h = cl[state - CLONE, C_HEAD]
+    while h != NO_TOK:
+        v = table[2 * _find_slot(table, state, h) + 1]
+        row = _stat_row(n_text, v & _LOW32)
+        if h >= 0 and (st[row, S_OCC] > best_occ or (st[row, S_OCC] == best_occ and last[row] > best_last)):
+            best_tok, best_occ, best_last = h, st[row, S_OCC], last[row]
+        h = v >> 32
+    return best_tok
 
 
 @nb.njit(cache=True, inline="always")
@@ -413,55 +479,70 @@ def _stat_row(n_text, s) -> int:
 
 
 @nb.njit(cache=True)
-def _draft_counted(pf, cl, table, st, n_text, state, mlen, k, min_match, prior, decay, min_prob, out) -> int:
+def _draft_counted(
+    pf, cl, table, st, n_text, state, mlen, k, min_match, prior, decay, min_prob, out, level, chance_table, token_cost
+):  # fmt: skip
     """Write up to ``k`` tokens into ``out``, each the continuation that most occurrences of the match take
     (the latest occurrence breaks ties), while the estimated chance that the whole draft is accepted stays at
-    least ``min_prob``. A token's chance is its count over the match's count plus ``prior * (min_match /
-    match length) ** decay`` (a continuation seen once after a short match is a guess, after a long one it is
-    mostly right; one seen in 7 of 8 responses is likely). Needs counts taken at ``n_text``
-    (:func:`_count`). Stops at a separator (negative token). Returns the number of tokens written.
+    least ``min_prob``, and each token's evidence level (:func:`sam.cells.counted_level`) into ``level``.
+    A token's chance is its count over the match's count plus ``prior * (min_match / match length) ** decay`` (a
+    continuation seen once after a short match is a guess, after a long one it is mostly right; one seen in 7 of 8
+    responses is likely). The match is the longest suffix of the context the text holds or a shorter one (a suffix
+    link up, at least ``min_match`` long), whichever draft gains the most: under ``chance_table`` at ``token_cost``
+    as :func:`_draft_gain` scores it, or without a table by the sum of its estimated chances. A long match seen once
+    is often beaten by a short one that most responses continued the same way (suffix decoding, too, scores every
+    match length). Needs counts taken at ``n_text`` (:func:`_count`). Stops at a separator (negative token).
+    Returns (tokens written, the match length they were drafted from).
     """
     if mlen < min_match or state == 0:
-        return 0
+        return 0, 0
     while state != 0 and _length(cl, _link(pf, cl, state)) >= mlen:
         state = _link(pf, cl, state)
+    best_n, best_length, best, best_free = 0, 0, -np.inf, -np.inf
+    cand_out = np.empty(k, dtype=out.dtype)
+    cand_level = np.empty(k, dtype=level.dtype)
+    length = mlen
+    while state > 0 and length >= min_match:
+        n, gain = _draft_counted_at(
+            pf, cl, table, st, n_text, state, length, k, min_match, prior, decay, min_prob, cand_out, cand_level
+        )
+        free = 0.0
+        if chance_table.size > 0:
+            gain = _draft_gain(chance_table, token_cost, 1, length, cand_level, n)
+            free = _draft_gain(chance_table, 0.0, 1, length, cand_level, n)
+        if n > 0 and (gain > best or (gain == best and free > best_free)):
+            best_n, best_length, best, best_free = n, length, gain, free
+            out[:n] = cand_out[:n]
+            level[:n] = cand_level[:n]
+        state = _link(pf, cl, state)
+        length = _length(cl, state)
+    return best_n, best_length
+
+
+@nb.njit(cache=True)
+def _draft_counted_at(pf, cl, table, st, n_text, state, mlen, k, min_match, prior, decay, min_prob, out, level):
+    """:func:`_draft_counted`'s draft from one canonical match ``(state, mlen)``: (tokens written, expected accepted
+    tokens, the sum of the whole draft's chances after each token)."""
     chance = 1.0
+    score = 0.0
     n = 0
     while n < k:
-        best_tok, best_to, best_occ, best_last = NO_TOK, -1, 0, -1
-        if state < CLONE:
-            if state < n_text:
-                t, to = pf[state, P_TOK], state + 1
-                o, last = st[to, S_OCC], st[to, S_LAST]
-                if t >= 0 and (o > best_occ or (o == best_occ and last > best_last)):
-                    best_tok, best_to, best_occ, best_last = t, to, o, last
-            h = pf[state, P_HEAD]
-        else:
-            t, to = cl[state - CLONE, C_TOK], cl[state - CLONE, C_TO]
-            if t != NO_TOK:
-                row = _stat_row(n_text, to)
-                o, last = st[row, S_OCC], st[row, S_LAST]
-                if t >= 0 and (o > best_occ or (o == best_occ and last > best_last)):
-                    best_tok, best_to, best_occ, best_last = t, to, o, last
-            h = cl[state - CLONE, C_HEAD]
-        while h != NO_TOK:
-            v = table[2 * _find_slot(table, state, h) + 1]
-            to = v & _LOW32
-            row = _stat_row(n_text, to)
-            o, last = st[row, S_OCC], st[row, S_LAST]
-            if h >= 0 and (o > best_occ or (o == best_occ and last > best_last)):
-                best_tok, best_to, best_occ, best_last = h, to, o, last
-            h = v >> 32
-        if best_to < 0:
+        best_tok = st[_stat_row(n_text, state), S_BEST]
+        if best_tok == NO_TOK:
             break
+        best_to = _transition(pf, cl, table, n_text, state, best_tok)
+        best_occ = st[_stat_row(n_text, best_to), S_OCC]
         shrunk = prior * (max(1, min_match) / (mlen + n)) ** decay  # the match grows by each drafted token
-        chance *= best_occ / (st[_stat_row(n_text, state), S_OCC] + shrunk)
+        support = st[_stat_row(n_text, state), S_OCC]
+        chance *= best_occ / (support + shrunk)
         if chance < min_prob:
             break
         out[n] = best_tok
+        level[n] = counted_level(best_occ, support)
+        score += chance
         n += 1
         state = best_to
-    return n
+    return n, score
 
 
 @nb.njit(cache=True)
@@ -486,6 +567,7 @@ class DraftRules(NamedTuple):
     could positionally); :meth:`sam.policy.SAMOptions.rules` builds it. Meanings: ``SAMOptions``."""
 
     min_match: int
+    min_match_counted: int
     tokens_per_match: float
     own_bonus: int
     resync_tokens: int
@@ -495,46 +577,83 @@ class DraftRules(NamedTuple):
     own_latest: bool
 
 
-def step_rows(pool: tuple, rows: tuple, matchers: tuple, rules: DraftRules, outs: tuple) -> None:
+def step_rows(
+    pool: tuple,
+    rows: tuple,
+    matchers: tuple,
+    rules: DraftRules,
+    outs: tuple,
+    chance_table: np.ndarray | None = None,
+    token_cost: float = 0.0,
+) -> None:
     """One decode step for every row: append row ``r``'s verified tokens to automaton ``own[r]``, advance its
     matchers into the group corpora ``src_slot[own[r]]`` (re-matching its last ``rules.resync_tokens`` tokens when a
-    corpus grew), and draft up to ``ks[r]`` tokens for it into ``out[r]`` from the source with the longest match
-    (the request's own text wins ties and gets ``rules.own_bonus`` extra match length).
+    corpus grew), and draft up to ``ks[r]`` tokens for it into ``out[r]`` from the best of its sources: the one whose
+    draft gains the most under ``chance_table`` (the payoff rule's learned chances,
+    :meth:`sam.payoff.AcceptanceModel.conditional`) if each draft token costs ``token_cost`` accepted tokens (the
+    payoff rule's threshold: a long draft of middling tokens wins where drafting is cheap, a short sure one where it
+    is dear), or without a table the one with the longest match (the request's own text wins ties and gets
+    ``rules.own_bonus`` extra match length).
 
     Arguments come in groups: ``pool`` is :attr:`AutomatonPool.all_lists`,
     ``rows`` ``(own, tok_flat, tok_off, ks)`` (row ``r``'s automaton slot, its new tokens
     ``tok_flat[tok_off[r]:tok_off[r + 1]]``, its draft budget), ``matchers`` the per-slot state of the group matchers
     ``(src_slot, src_state, src_len, src_seen)``, ``rules`` a :class:`DraftRules`, ``outs`` the output buffers
-    ``(out, out_n, out_group, out_mlen)``. The groups are unpacked here, in Python, and the compiled kernel
+    ``(out, out_n, out_group, out_mlen, out_level)``. The groups are unpacked here, in Python, and the compiled kernel
     (:func:`_step_rows`) takes them flat: numba unboxes a tuple of typed lists and a named tuple on every call,
     which doubled the step's cost at 64 rows (135 against 66 us).
 
     From a counted corpus (:func:`_count`) the draft follows the most frequent continuation while its estimated
     chance (``count_prior`` shrunk by the match length with ``prior_decay``) stays at least ``min_token_prob``
-    (:func:`_draft_counted`). From the request's own text (never counted:
-    it grows every step) it is what followed the latest earlier occurrence (``own_latest``; else the first),
+    (:func:`_draft_counted`), from a match of at least ``min_match_counted`` (``min_match`` without a table). From
+    the request's own text (never
+    counted: it grows every step) it is what followed the latest earlier occurrence (``own_latest``; else the first),
     ``min(ks[r], ceil(tokens_per_match * (match - min_match + 1)))`` tokens; nothing below ``min_match``.
-    ``out_group[r]`` says whether the draft came from group material and ``out_mlen[r]`` is its match length (what
-    the drafting payoff rule, :mod:`sam.payoff`, estimates acceptance by).
+    ``out_group[r]`` says whether the draft came from group material, ``out_mlen[r]`` is its match length and
+    ``out_level[r, j]`` token ``j``'s evidence level (:func:`_own_evidence`, :func:`sam.cells.counted_level`): the
+    cells of the payoff rule's model, :mod:`sam.cells`.
     """
+    table = np.zeros((0, 0, 0, 0)) if chance_table is None else np.ascontiguousarray(chance_table, dtype=np.float64)
     _step_rows(
         *pool, *rows, *matchers,
-        rules.min_match, rules.tokens_per_match, rules.own_bonus, rules.resync_tokens, rules.count_prior,
-        rules.prior_decay, rules.min_token_prob, rules.own_latest, *outs,
+        rules.min_match, rules.min_match_counted, rules.tokens_per_match, rules.own_bonus, rules.resync_tokens,
+        rules.count_prior, rules.prior_decay, rules.min_token_prob, rules.own_latest, table, token_cost, *outs,
     )  # fmt: skip
+
+
+@nb.njit(cache=True)
+def _draft_gain(chance_table, token_cost, source, mlen, level, n) -> float:
+    """Expected accepted tokens less ``token_cost`` per token sent of an ``n``-token draft from ``source`` at match
+    length ``mlen`` whose tokens' evidence levels are ``level``, under the learned conditional chances
+    ``chance_table`` (:mod:`sam.cells`), sending the tokens whose chance exceeds the cost (the payoff rule's cut)."""
+    band = match_band(mlen)
+    chance = 1.0
+    total = 0.0
+    for j in range(n):
+        chance *= chance_table[source, band, level[j], j]
+        if chance <= token_cost:
+            break
+        total += chance - token_cost
+    return total
 
 
 @nb.njit(cache=True)
 def _step_rows(
     pf_l, cl_l, table_l, meta_l, stats_l, own, tok_flat, tok_off, ks, src_slot, src_state, src_len, src_seen,
-    min_match, tokens_per_match, own_bonus, resync, count_prior, prior_decay, min_token_prob, own_latest,
-    out, out_n, out_group, out_mlen,
+    min_match, min_match_counted, tokens_per_match, own_bonus, resync, count_prior, prior_decay, min_token_prob,
+    own_latest, chance_table, token_cost, out, out_n, out_group, out_mlen, out_level,
 ) -> None:  # fmt: skip
-    """:func:`step_rows`'s compiled body, arguments flat in that order."""
+    """:func:`step_rows`'s compiled body, arguments flat in that order (``chance_table`` empty: no table)."""
+    scored = chance_table.size > 0
+    if not scored:  # without learned chances to cut them, drafts from one token of context are mostly wrong
+        min_match_counted = max(min_match_counted, min_match)
+    cand = np.empty(out.shape[1], dtype=out.dtype)
+    cand_level = np.empty(out.shape[1], dtype=out_level.dtype)
     for r in range(own.shape[0]):
         out_n[r] = 0
         out_group[r] = 0
         out_mlen[r] = 0
+        out_level[r, :] = OWN_ONCE
         s = own[r]
         if s < 0:
             continue
@@ -542,16 +661,36 @@ def _step_rows(
         _extend(pf_l, cl_l, table_l, meta_l, s, toks)
         meta = meta_l[s]
         pf = pf_l[s]
-        best_slot = s
-        best_state = meta[MATCH_STATE]
-        best_mlen = meta[MATCH_LEN]
-        best_score = best_mlen + own_bonus
         n_text = meta[TEXT_LEN]
+        k = ks[r]
+        best, best_free = -np.inf, -np.inf  # the chosen draft's gain at the token cost, and at no cost (a tie-break:
+        # the draft with the most to offer is the request's shadow even where no token of any draft pays)
+        mlen = meta[MATCH_LEN]
+        if k > 0 and mlen >= min_match:
+            kk = min(k, math.ceil(tokens_per_match * (mlen - min_match + 1)))
+            cand_level[:] = OWN_ONCE
+            if own_latest:
+                n = _draft_recent(pf, n_text, meta[MATCH_LAST], kk, cand)
+                _own_evidence(
+                    pf, cl_l[s], table_l[s], n_text, meta[MATCH_STATE], mlen, meta[MATCH_LAST], cand, n, cand_level
+                )
+            else:
+                n = _draft_slot(pf_l, cl_l, meta_l, s, meta[MATCH_STATE], mlen, kk, min_match, cand)
+            gain, free = mlen + own_bonus, 0.0
+            if scored:
+                gain = _draft_gain(chance_table, token_cost, 0, mlen, cand_level, n)
+                free = _draft_gain(chance_table, 0.0, 0, mlen, cand_level, n)
+            if n > 0:
+                best, best_free = gain, free
+                out_n[r], out_mlen[r] = n, mlen
+                out[r, :n] = cand[:n]
+                out_level[r, :] = cand_level
         for j in range(src_slot.shape[1]):
             c = src_slot[s, j]
             if c < 0:
                 continue
-            c_len = meta_l[c][TEXT_LEN]
+            c_meta = meta_l[c]
+            c_len = c_meta[TEXT_LEN]
             if c_len != src_seen[s, j]:
                 src_seen[s, j] = c_len
                 feed = pf[max(0, n_text - resync) : n_text, P_TOK]
@@ -561,25 +700,29 @@ def _step_rows(
                 state, mlen = _match_stream(pf_l[c], cl_l[c], table_l[c], c_len, state, mlen, toks)
             src_state[s, j] = state
             src_len[s, j] = mlen
-            if mlen > best_score:
-                best_slot, best_state, best_mlen, best_score = c, state, mlen, mlen
-        k = ks[r]
-        if k <= 0 or best_mlen < min_match:
-            continue
-        out_group[r] = best_slot != s
-        out_mlen[r] = best_mlen
-        c_meta = meta_l[best_slot]
-        if best_slot != s and c_meta[COUNTED_LEN] == c_meta[TEXT_LEN]:
-            out_n[r] = _draft_counted(
-                pf_l[best_slot], cl_l[best_slot], table_l[best_slot], stats_l[best_slot], c_meta[TEXT_LEN],
-                best_state, best_mlen, k, min_match, count_prior, prior_decay, min_token_prob, out[r],
-            )  # fmt: skip
-            continue
-        k = min(k, math.ceil(tokens_per_match * (best_mlen - min_match + 1)))
-        if own_latest and best_slot == s:
-            out_n[r] = _draft_recent(pf, n_text, meta[MATCH_LAST], k, out[r])
-        else:
-            out_n[r] = _draft_slot(pf_l, cl_l, meta_l, best_slot, best_state, best_mlen, k, min_match, out[r])
+            counted = c_meta[COUNTED_LEN] == c_len
+            if k <= 0 or mlen < (min_match_counted if counted else min_match):
+                continue
+            if not scored and mlen <= best:  # the longest match wins: no need to draft a shorter one
+                continue
+            cand_level[:] = OWN_ONCE
+            if counted:
+                n, mlen = _draft_counted(
+                    pf_l[c], cl_l[c], table_l[c], stats_l[c], c_len, state, mlen, k, min_match_counted, count_prior,
+                    prior_decay, min_token_prob, cand, cand_level, chance_table, token_cost,
+                )  # fmt: skip
+            else:
+                kk = min(k, math.ceil(tokens_per_match * (mlen - min_match + 1)))
+                n = _draft_slot(pf_l, cl_l, meta_l, c, state, mlen, kk, min_match, cand)
+            gain, free = mlen, 0.0
+            if scored:
+                gain = _draft_gain(chance_table, token_cost, 1, mlen, cand_level, n)
+                free = _draft_gain(chance_table, 0.0, 1, mlen, cand_level, n)
+            if n > 0 and (gain > best or (gain == best and free > best_free)):
+                best, best_free = gain, free
+                out_n[r], out_mlen[r], out_group[r] = n, mlen, 1
+                out[r, :n] = cand[:n]
+                out_level[r, :] = cand_level
 
 
 def _hash_slots(edges: int) -> int:
@@ -723,7 +866,7 @@ class SuffixAutomaton:
         """Count how often each state's strings occur (until the text grows again), for :meth:`Matcher.draft_frequent`
         and the drafts of :func:`step_rows` from this automaton. Linear in the text; 8 bytes per state."""
         pool = self._pool
-        _count(pool.prefix, pool.clones, pool.meta, pool.stats, self.slot)
+        _count(pool.prefix, pool.clones, pool.table, pool.meta, pool.stats, self.slot)
 
     @property
     def counted(self) -> bool:
@@ -784,8 +927,9 @@ class Matcher:
             raise ValueError("draft_frequent needs occurrence counts of the current text: call count_occurrences()")
         pool = a._pool
         out = np.empty(max(1, k), dtype=np.int32)
-        n = _draft_counted(
+        n, _ = _draft_counted(
             pool.prefix[a.slot], pool.clones[a.slot], pool.table[a.slot], pool.stats[a.slot], len(a), self._state,
-            self._len, k, min_match, prior, decay, min_prob, out,
+            self._len, k, min_match, prior, decay, min_prob, out, np.empty(out.size, dtype=np.int64),
+            np.zeros((0, 0, 0, 0)), 0.0,
         )  # fmt: skip
         return out[:n].tolist()

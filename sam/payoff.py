@@ -23,7 +23,8 @@ Both sides are learned online in the proposer, from what vLLM reports anyway:
   chance is at least ``EXPLORE_CHANCE`` whatever the cost says: a one-off price per engine. (Restricted to steps of
   at most 8 requests, it rarely ran, and the embedded model's rollouts fell to 0.90-0.98x spec off from 1.41-1.55x.)
 - :class:`AcceptanceModel`: the chance that draft position ``j`` is accepted given the positions before it were,
-  counted per source (the request's own text or its group's responses) and match-length band. It learns from
+  counted per source (the request's own text or group material), match-length band and the token's evidence level
+  (:mod:`sam.cells`). It learns from
   *shadow drafts* (:class:`ShadowDrafts`): every request's full draft, sent or not, checked against the tokens the
   request then verifies, so chances are known at batch sizes where nothing has been drafted yet (a rule that learned
   only from sent drafts would never learn where its prior says no). Verified tokens are what spec off would sample
@@ -37,21 +38,23 @@ import numpy as np
 import scipy.linalg
 import scipy.optimize
 
+from sam.cells import LEVELS, MATCH_BANDS, SOURCES, bands
+
 EXPLORE_UNTIL = 32  # steps with drafts an engine observes before it stops exploring what drafting costs
 EXPLORE_EVERY = 16  # ... on one step in this many
 EXPLORE_CHANCE = 0.5  # ... with the draft tokens at least this likely to be accepted
-MATCH_BANDS = np.array([0, 3, 4, 6, 9, 16], dtype=np.int64)  # match-length band edges: [2], [3], [4, 5], [6, 8], ...
-SOURCES = 2  # 0: the request's own text, 1: group material (siblings, history)
 
 
 class AcceptanceModel:
-    """Conditional acceptance per (source, match band, draft position), from verified drafts."""
+    """Conditional acceptance per (source, match band, evidence level, draft position), from verified drafts: the
+    evidence level (:mod:`sam.cells`) separates, within a band, a continuation most responses took from one seen
+    once, which the band alone mixed (teacher-forced on SmolLM2: results/real/sam_teacher_forced.md)."""
 
     def __init__(self, k: int, prior_mean: float = 0.05, prior_weight: float = 4.0) -> None:
-        # a pessimistic prior: a (source, band, position) never seen is not worth drafting (with 0.3, drafts from
-        # rarely seen bands were sent in the tail and accepted 9%: results/real/README.md); shadow drafts bring
-        # the evidence without sending anything
-        shape = (SOURCES, MATCH_BANDS.size, k)
+        # a pessimistic prior: a cell never seen is not worth drafting (with 0.3, drafts from rarely seen bands were
+        # sent in the tail and accepted 9%: results/real/README.md); shadow drafts bring the evidence without
+        # sending anything
+        shape = (SOURCES, MATCH_BANDS.size, LEVELS, k)
         self.reached = np.full(shape, prior_weight)  # draft tokens verified with every earlier position accepted
         self.accepted = np.full(shape, prior_mean * prior_weight)
         self.observed = 0  # drafts settled so far
@@ -60,24 +63,41 @@ class AcceptanceModel:
         return {"reached": self.reached.copy(), "accepted": self.accepted.copy(), "observed": self.observed}
 
     def load_state_dict(self, state: dict) -> None:
+        if state["reached"].shape != self.reached.shape:
+            raise ValueError(
+                f"SAM acceptance counts of shape {state['reached'].shape} cannot be loaded into a model of shape "
+                f"{self.reached.shape}: the checkpoint comes from another num_speculative_tokens or an older SAM"
+            )
         self.reached, self.accepted = state["reached"].copy(), state["accepted"].copy()
         self.observed = int(state["observed"])
 
     def band(self, match_len: np.ndarray) -> np.ndarray:
-        return np.searchsorted(MATCH_BANDS, match_len, side="right") - 1
+        return bands(np.ascontiguousarray(match_len, dtype=np.int64))
 
-    def chances(self, group: np.ndarray, band: np.ndarray) -> np.ndarray:
-        """[rows, k]: the chance that the first j + 1 draft tokens of each row are all accepted."""
-        return np.cumprod(self.accepted[group, band] / self.reached[group, band], axis=1)
+    def conditional(self) -> np.ndarray:
+        """[source, band, level, position]: the chance that a draft token in that cell is accepted if every token
+        before it was (what the drafting kernel scores candidate drafts by)."""
+        return self.accepted / self.reached
 
-    def observe(self, group: np.ndarray, band: np.ndarray, drafted: np.ndarray, accepted: np.ndarray) -> None:
+    def _cells(self, group: np.ndarray, band: np.ndarray, level: np.ndarray) -> tuple:
+        return group[:, None], band[:, None], level, np.arange(self.reached.shape[3])[None, :]
+
+    def chances(self, group: np.ndarray, band: np.ndarray, level: np.ndarray) -> np.ndarray:
+        """[rows, k]: the chance that the first j + 1 draft tokens of each row are all accepted (``level``: [rows, k]
+        evidence levels)."""
+        cells = self._cells(group, band, level)
+        return np.cumprod(self.accepted[cells] / self.reached[cells], axis=1)
+
+    def observe(
+        self, group: np.ndarray, band: np.ndarray, level: np.ndarray, drafted: np.ndarray, accepted: np.ndarray
+    ) -> None:
         """Rows that drafted ``drafted`` tokens of which the first ``accepted`` were accepted."""
-        k = self.reached.shape[2]
-        pos = np.arange(k)
+        pos = np.arange(self.reached.shape[3])
         reached = pos[None, :] <= np.minimum(accepted, drafted - 1)[:, None]  # verified with all before accepted
         hit = pos[None, :] < accepted[:, None]
-        np.add.at(self.reached, (group, band), reached)
-        np.add.at(self.accepted, (group, band), hit)
+        cells = self._cells(group, band, level)
+        np.add.at(self.reached, cells, reached)
+        np.add.at(self.accepted, cells, hit)
         self.observed += int(drafted.size)
 
 
@@ -172,11 +192,20 @@ def payoff_lengths(
     ``c * tokens / seconds``; none at all unless the step with them is expected to yield ``margin`` more tokens per
     second than without (the chances and costs are estimates: a draft that only breaks even on them loses to their
     errors)."""
+    return payoff_cut(chances, lengths, rows, cost, margin, rounds)[0]
+
+
+def payoff_cut(
+    chances: np.ndarray, lengths: np.ndarray, rows: int, cost: np.ndarray, margin: float = 0.0, rounds: int = 3
+) -> tuple[np.ndarray, float]:
+    """:func:`payoff_lengths`, and the chance a draft token had to exceed (``c * tokens / seconds``: what a draft
+    token sent costs in accepted tokens, which the drafter's next step picks each request's source by)."""
     a, b, c, e, f = (float(v) for v in cost)
     plain_seconds = a + b * rows
     e = e + f * rows  # switching this step's rows to verification
     k = chances.shape[1]
     valid = np.arange(k)[None, :] < lengths[:, None]
+    threshold = 0.0
     if c <= 0.0:
         take = valid
     else:
@@ -189,8 +218,8 @@ def payoff_lengths(
     keep = take.sum(axis=1)
     gain = rows + float(chances[take].sum())
     if not keep.any() or gain * plain_seconds <= (1.0 + margin) * rows * (plain_seconds + e + c * float(keep.sum())):
-        return np.zeros_like(lengths)
-    return keep
+        return np.zeros_like(lengths), threshold
+    return keep, threshold
 
 
 @nb.njit(cache=True)
@@ -225,12 +254,14 @@ class ShadowDrafts:
         self.pos = np.zeros(size, dtype=np.int64)
         self.group = np.zeros(size, dtype=np.int64)
         self.band = np.zeros(size, dtype=np.int64)
+        self.level = np.zeros((size, k), dtype=np.int64)
 
     def _fit(self, size: int) -> None:
         if size <= self.n.size:
             return
         grow = max(size, 2 * self.n.size) - self.n.size
         self.buf = np.concatenate([self.buf, np.zeros((grow, self.k), dtype=np.int32)])
+        self.level = np.concatenate([self.level, np.zeros((grow, self.k), dtype=np.int64)])
         self.n, self.pos, self.group, self.band = (
             np.concatenate([a, np.zeros(grow, dtype=np.int64)]) for a in (self.n, self.pos, self.group, self.band)
         )
@@ -246,9 +277,17 @@ class ShadowDrafts:
         done = _advance_shadows(slots, tokens, offsets, self.buf, self.n, self.pos, out_slot, out_n, out_acc)
         if done:
             s = out_slot[:done]
-            model.observe(self.group[s], self.band[s], out_n[:done], out_acc[:done])
+            model.observe(self.group[s], self.band[s], self.level[s], out_n[:done], out_acc[:done])
 
-    def start(self, slots: np.ndarray, drafts: np.ndarray, lengths: np.ndarray, group: np.ndarray, band: np.ndarray):
+    def start(
+        self,
+        slots: np.ndarray,
+        drafts: np.ndarray,
+        lengths: np.ndarray,
+        group: np.ndarray,
+        band: np.ndarray,
+        level: np.ndarray,
+    ) -> None:
         """Rows whose slot has no pending draft take this step's full draft as their shadow."""
         live = slots >= 0
         if not live.any():
@@ -262,6 +301,14 @@ class ShadowDrafts:
         self.pos[s] = 0
         self.group[s] = group[rows]
         self.band[s] = band[rows]
+        self.level[s] = level[rows]
+
+    def pending(self, slots: np.ndarray) -> np.ndarray:
+        """Per row, whether its slot has a draft not yet settled (-1: no request)."""
+        inside = (slots >= 0) & (slots < self.n.size)
+        out = np.zeros(slots.shape, dtype=bool)
+        out[inside] = self.n[slots[inside]] > 0
+        return out
 
     def forget(self, slot: int) -> None:
         """A slot that is freed (its request finished) drops its pending draft."""

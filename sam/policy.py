@@ -1,10 +1,12 @@
 """SAM drafting policy: per-request automata, sibling (group) and cross-epoch sharing, batch-size gate.
 
-Each request drafts from up to three sources and keeps the one with the longest match:
+Each request drafts from up to four sources and keeps the one with the longest match:
 - its own automaton over prompt + verified response tokens (SAM-Decoding's dynamic SAM);
 - ``siblings``: the finished responses of the other samples of the same prompt in this rollout (Seer's
   grouped drafting: siblings that finish early feed the long tail);
-- ``history``: responses to the same prompt from earlier rollouts (RhymeRL / SPEC-RL's cross-epoch reuse).
+- ``history``: responses to the same prompt from earlier rollouts (RhymeRL / SPEC-RL's cross-epoch reuse);
+- ``global``: every prompt's finished responses in this engine (suffix decoding's global tree: answers to one
+  task share their phrasing), counted like group material.
 
 Group material lives in one automaton per prompt and source, with a unique negative separator after each
 response so no draft runs from one response into the next. It is counted each time it grows (a sibling
@@ -36,13 +38,20 @@ from sam.automaton import BYTES_PER_TOKEN, AutomatonPool, DraftRules, SuffixAuto
 class SAMOptions:
     """Drafting options; passed to vLLM as ``additional_config={"sam": {...}}``."""
 
-    min_match: int = 2  # no draft below this match length
+    min_match: int = 2  # no draft below this match length ...
+    min_match_counted: int = 1  # ... but this one from counted group material, whose counts say how often even one
+    # token of context went on the same way, where the payoff rule's learned chances cut the drafts (suffix decoding
+    # drafts from such matches too; 2 lost 7% of the accepted tokens at the loosest drafting teacher-forced,
+    # results/real/README.md); without the payoff rule, min_match
     tokens_per_match: float = 2.0  # own-text drafts: ceil(tokens_per_match * (match - min_match + 1)), at most K
     batch_threshold: int = 256  # no drafting while more than this many requests are active (the article used 8)
     lead_tokens: int = 3  # prompt tokens stored before each group response: a new request, whose context ends with
     # them, drafts its siblings' openings from its first step (0: only after min_match tokens of its own)
     group_sharing: bool = True  # draft from finished sibling responses of the same prompt
     cross_epoch: bool = True  # draft from earlier rollouts' responses to the same prompt
+    global_sharing: bool = True  # draft from every prompt's finished responses in this engine (one counted corpus:
+    # answers to one task share their phrasing; suffix decoding's global tree)
+    max_global_tokens: int = 1 << 20  # that corpus's bound; beyond it, it keeps its newest responses (half the bound)
     own_bonus: int = 0  # match-length bonus of the request's own text over group material (negative: group wins)
     own_latest: bool = True  # own-text drafts copy what followed the match's latest earlier occurrence (False: its
     # first, the SAM-Decoding paper's rule)
@@ -53,7 +62,9 @@ class SAMOptions:
     # as long as its estimated chance holds (False: the first earlier occurrence, by the match-length rule)
     count_prior: float = 1.0  # drafts from group material: a continuation's chance is its count over the match's
     # count plus this (seen once: 1/2; in 7 of 8 responses: 7/9) ...
-    prior_decay: float = 1.0  # ... times (min_match / match length) ** this: a continuation seen once after a long
+    prior_decay: float = (
+        1.0  # ... times (min_match_counted / match length) ** this: a continuation seen once after a long
+    )
     # match is mostly right (0: the same prior at every length, which stops such drafts after 4 tokens at 0.05)
     min_token_prob: float = 0.05  # drafts from group material stop where the whole draft's estimated chance falls
     # below this
@@ -69,6 +80,7 @@ class SAMOptions:
         """The options the compiled step (:func:`sam.automaton.step_rows`) reads, typed as it reads them."""
         return DraftRules(
             min_match=int(self.min_match),
+            min_match_counted=int(self.min_match_counted),
             tokens_per_match=float(self.tokens_per_match),
             own_bonus=int(self.own_bonus),
             resync_tokens=int(self.resync_tokens),
@@ -102,6 +114,10 @@ class SAMOptions:
             raise ValueError(f"SAM option payoff_cost must be 5 seconds >= 0 [a, b, c, e, f], got {opts.payoff_cost}")
         if opts.payoff_margin < 0:
             raise ValueError(f"SAM option payoff_margin must be >= 0, got {opts.payoff_margin}")
+        if opts.min_match_counted < 1:
+            raise ValueError(f"SAM option min_match_counted must be >= 1, got {opts.min_match_counted}")
+        if opts.max_global_tokens < 1:
+            raise ValueError(f"SAM option max_global_tokens must be >= 1, got {opts.max_global_tokens}")
         if opts.lead_tokens < 0:
             raise ValueError(f"SAM option lead_tokens must be >= 0, got {opts.lead_tokens}")
         if opts.cross_epoch and opts.max_history_bytes < BYTES_PER_TOKEN * opts.max_history_tokens:
@@ -165,6 +181,60 @@ class ResponseCorpus:
     @property
     def nbytes(self) -> int:
         return self.automaton.nbytes
+
+
+class GlobalCorpus:
+    """Every prompt's finished responses in one counted automaton (``global_sharing``), stored without a lead.
+
+    Counting is linear in all the corpus holds, so finished responses wait until they would add an eighth to it
+    (each token is then counted about eight times over its life); beyond ``max_tokens`` the corpus is rebuilt with
+    its newest responses, half the bound. Either way the corpus's slot can change: :meth:`flush` returns the old
+    one so the drafter can point running requests at the new."""
+
+    RECOUNT_GROWTH = 8  # pending responses are stored once they are this fraction (1/8) of the corpus
+
+    def __init__(self, pool: AutomatonPool, max_tokens: int) -> None:
+        self.pool = pool
+        self.max_tokens = max_tokens
+        self.corpus = ResponseCorpus(pool, np.zeros(0, dtype=np.int32), counted=True)
+        self.pending: list[np.ndarray] = []
+        self.pending_tokens = 0
+
+    def add(self, response: np.ndarray) -> None:
+        if response.size:
+            self.pending.append(response)
+            self.pending_tokens += stored_tokens(0, response.size)
+
+    def flush(self) -> int | None:
+        """Store the pending responses if they are due; returns the replaced slot if the corpus moved."""
+        if not self.pending or self.pending_tokens * self.RECOUNT_GROWTH < self.corpus.num_tokens:
+            return None
+        if self.corpus.num_tokens + self.pending_tokens <= self.max_tokens:
+            self.corpus.add(self.pending)
+            self.pending, self.pending_tokens = [], 0
+            return None
+        kept, size = [], 0
+        for response in reversed(self.corpus.responses + self.pending):
+            size += stored_tokens(0, response.size)
+            if size > self.max_tokens // 2 and kept:
+                break
+            kept.append(response)
+        old = self.corpus.slot
+        self.corpus.close()
+        self.corpus = ResponseCorpus.holding(self.pool, np.zeros(0, dtype=np.int32), True, kept[::-1])
+        self.pending, self.pending_tokens = [], 0
+        return old
+
+    def state(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """(stored responses, pending responses), for checkpoints."""
+        return [r.copy() for r in self.corpus.responses], [r.copy() for r in self.pending]
+
+    def restore(self, stored: list, pending: list) -> None:
+        self.corpus.close()
+        responses = [np.asarray(r, dtype=np.int32) for r in stored]
+        self.corpus = ResponseCorpus.holding(self.pool, np.zeros(0, dtype=np.int32), True, responses)
+        self.pending = [np.asarray(r, dtype=np.int32) for r in pending]
+        self.pending_tokens = sum(stored_tokens(0, r.size) for r in self.pending)
 
 
 class Group:
@@ -260,7 +330,7 @@ class BatchDrafter:
     Its matchers into its group's sibling and history corpora are rows of the ``src_*`` arrays.
     """
 
-    SOURCES = 2  # siblings, history
+    SOURCES = 3  # siblings, history, every prompt's responses (in this order: the first wins a tie)
 
     def __init__(self, options: SAMOptions, k: int):
         self.options = options
@@ -268,6 +338,7 @@ class BatchDrafter:
         self.k = k
         self.pool = AutomatonPool()
         self.groups = GroupStore(options, self.pool)
+        self.global_corpus = GlobalCorpus(self.pool, options.max_global_tokens) if options.global_sharing else None
         self.requests: dict[int, tuple[SuffixAutomaton, int, bytes, Group | None]] = {}
         self._size = 0
         self._resize(64)
@@ -278,6 +349,7 @@ class BatchDrafter:
         self._out_n = np.zeros(rows, dtype=np.int32)
         self._out_group = np.zeros(rows, dtype=np.int64)
         self._out_mlen = np.zeros(rows, dtype=np.int64)
+        self._out_level = np.zeros((rows, self.k), dtype=np.int64)
 
     def _resize(self, size: int) -> None:
         def grown(a: np.ndarray, fill: int) -> np.ndarray:
@@ -307,6 +379,8 @@ class BatchDrafter:
             sources[0] = group.siblings.slot
         if group is not None and opts.cross_epoch:
             sources[1] = group.history.slot
+        if self.global_corpus is not None:
+            sources[2] = self.global_corpus.corpus.slot
         self.src_slot[slot] = sources
         self.src_state[slot] = 0
         self.src_len[slot] = 0
@@ -317,8 +391,11 @@ class BatchDrafter:
     def finish(self, slot: int) -> None:
         """The request left the batch: its response joins its group, its memory is freed."""
         own, prompt_len, key, group = self.requests.pop(slot)
+        response = own.text()[prompt_len:]
         if group is not None:
-            self.groups.leave(key, group, own.text()[prompt_len:])
+            self.groups.leave(key, group, response)
+        if self.global_corpus is not None:
+            self.global_corpus.add(response)
         self.src_slot[slot] = -1
         self.pool.release(slot)
 
@@ -328,25 +405,44 @@ class BatchDrafter:
     def step(self, slots: np.ndarray, tokens: np.ndarray, offsets: np.ndarray, ks: np.ndarray) -> list[list[int]]:
         """Append ``tokens[offsets[r]:offsets[r + 1]]`` to request ``slots[r]`` (-1: no request) and draft up
         to ``ks[r]`` tokens for it."""
-        drafts, lengths, _, _ = self.step_arrays(slots, tokens, offsets, ks)
+        drafts, lengths, _, _, _ = self.step_arrays(slots, tokens, offsets, ks)
         return draft_lists(drafts, lengths)
 
     def step_arrays(
-        self, slots: np.ndarray, tokens: np.ndarray, offsets: np.ndarray, ks: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """:meth:`step`, returning per row the draft buffer [rows, k], its length, whether it came from group
-        material and its match length (views, valid until the next step)."""
+        self,
+        slots: np.ndarray,
+        tokens: np.ndarray,
+        offsets: np.ndarray,
+        ks: np.ndarray,
+        chance_table: np.ndarray | None = None,
+        token_cost: float = 0.0,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`step`, each row drafting from the source whose draft gains the most under ``chance_table``
+        (:meth:`sam.payoff.AcceptanceModel.conditional`) at ``token_cost`` accepted tokens per draft token sent
+        (:func:`sam.automaton.step_rows`; no table: the longest match), returning per
+        row the draft buffer [rows, k], its length, whether it came from group material, its match length and each
+        token's evidence level [rows, k] (:mod:`sam.cells`; views, valid until the next step)."""
         rows = slots.shape[0]
         if self._out.shape[0] < rows:
             self._alloc_out(rows)
+        if self.global_corpus is not None:
+            old = self.global_corpus.flush()
+            if old is not None:
+                moved = self.src_slot[:, 2] == old
+                self.src_slot[moved, 2] = self.global_corpus.corpus.slot
+                self.src_seen[moved, 2] = -1  # re-matched against the new corpus
         step_rows(
             self.pool.all_lists,
             (slots, tokens, offsets, ks),
             (self.src_slot, self.src_state, self.src_len, self.src_seen),
             self._rules,
-            (self._out, self._out_n, self._out_group, self._out_mlen),
+            (self._out, self._out_n, self._out_group, self._out_mlen, self._out_level),
+            chance_table,
+            token_cost,
         )
-        return self._out[:rows], self._out_n[:rows], self._out_group[:rows], self._out_mlen[:rows]
+        return (
+            self._out[:rows], self._out_n[:rows], self._out_group[:rows], self._out_mlen[:rows], self._out_level[:rows]
+        )  # fmt: skip
 
 
 def draft_lists(drafts: np.ndarray, lengths: np.ndarray) -> list[list[int]]:

@@ -30,7 +30,7 @@ from sam.payoff import (
     PinnedStepCost,
     ShadowDrafts,
     StepCost,
-    payoff_lengths,
+    payoff_cut,
 )
 from sam.policy import BatchDrafter, SAMOptions, draft_lists
 
@@ -62,6 +62,8 @@ class SAMProposer:
         self.clock = time.perf_counter  # what step times are read from
         self._last_call: float | None = None  # when propose was last entered: one engine step ago
         self._last_drafted = 0  # draft tokens sent at the last call (verified in the step that just ran)
+        self._token_cost = 0.0  # the chance a draft token had to exceed at the last payoff cut: the drafter picks
+        # each request's source by what its draft gains at that cost (sam.automaton.step_rows)
         logger.info("SAMProposer: K=%d options=%s", self.k, self.options)
 
     def _k_by_batch(self, vllm_config) -> np.ndarray | None:
@@ -86,8 +88,8 @@ class SAMProposer:
         """Model-free: nothing to load."""
 
     def state_dict(self) -> dict:
-        """Cross-rollout memory (each prompt's lead tokens and history responses, and the payoff rule's acceptance
-        counts), for trainer checkpoints.
+        """Cross-rollout memory (each prompt's lead tokens and history responses, every prompt's responses of the
+        global corpus, the payoff rule's acceptance counts and its last token cost), for trainer checkpoints.
 
         Call it between rollouts. vLLM's runner drops a finished request only at the next step, so the requests
         of a rollout's last steps are still tracked then; they are finished first, as the next
@@ -101,7 +103,9 @@ class SAMProposer:
                 for key, g in groups.items()
                 if g.history.responses
             },
+            "global": None if self.drafter.global_corpus is None else self.drafter.global_corpus.state(),
             "acceptance": self.acceptance.state_dict(),
+            "token_cost": self._token_cost,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -110,7 +114,10 @@ class SAMProposer:
         self.slot_of = {}
         for key, (lead, responses) in state["groups"].items():
             self.drafter.groups.restore(key, np.asarray(lead, dtype=np.int32), responses)
+        if self.drafter.global_corpus is not None and state.get("global") is not None:
+            self.drafter.global_corpus.restore(*state["global"])
         self.acceptance.load_state_dict(state["acceptance"])
+        self._token_cost = float(state.get("token_cost", 0.0))
 
     def request_text(self, request_id: str) -> np.ndarray:
         """Prompt + verified tokens of a tracked request as of the last step."""
@@ -156,23 +163,38 @@ class SAMProposer:
         self._last_call = now
         self.shadows.resolve(slots, tokens, offsets, self.acceptance)
 
-    def _pay(self, rows: int, slots, drafts, lengths, group, mlen) -> np.ndarray:
+    def _pay(self, rows: int, slots, drafts, lengths, group, mlen, level) -> np.ndarray:
         """The payoff rule's draft lengths (nothing until the step cost is learned; the likely tokens on exploring
         steps while drafting's cost is unknown); each full draft also becomes its request's shadow if none is
         pending."""
         band = self.acceptance.band(mlen)
-        self.shadows.start(slots, drafts, lengths, group, band)
+        self.shadows.start(slots, drafts, lengths, group, band, level)
         if not self.step_cost.known:
             lengths = np.zeros_like(lengths)
         elif self.step_cost.exploring and self.steps % EXPLORE_EVERY == 0:
             likely = np.arange(self.k)[None, :] < lengths[:, None]
-            likely &= self.acceptance.chances(group, band) >= EXPLORE_CHANCE
+            likely &= self.acceptance.chances(group, band, level) >= EXPLORE_CHANCE
             lengths = likely.sum(axis=1)  # explore: what drafting costs can only be learned by drafting
         else:
-            chances = self.acceptance.chances(group, band)
-            lengths = payoff_lengths(chances, lengths, rows, self.step_cost.coef, self.options.payoff_margin)
+            chances = self.acceptance.chances(group, band, level)
+            lengths, self._token_cost = payoff_cut(
+                chances, lengths, rows, self.step_cost.coef, self.options.payoff_margin
+            )
         self._last_drafted = int(lengths.sum())
         return lengths
+
+    def _nothing_can_pay(self, rows: int, table: np.ndarray) -> bool:
+        """Whether no draft token can be sent this step: the step cost is not known yet, or not even the likeliest
+        cell's first token beats the lowest threshold the payoff cut can have (``c * rows / seconds`` of the step
+        without drafts: taking a token raises it), and this is no exploring step. Then only requests that need a new
+        shadow draft are drafted for (a big batch on a compute-bound engine: most steps)."""
+        if not self.step_cost.known:
+            return True
+        if self.step_cost.exploring and self.steps % EXPLORE_EVERY == 0:
+            return False
+        a, b, c, e, f = (float(v) for v in self.step_cost.coef)
+        lowest = c * rows / max(a + b * rows + e + f * rows, 1e-12)
+        return float(table[..., 0].max()) <= lowest
 
     def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, *args, **kwargs) -> list[list[int]]:
         if self.runner is None:
@@ -200,8 +222,13 @@ class SAMProposer:
         else:
             k = self.k if self.k_by_batch is None else int(self.k_by_batch[min(live, len(self.k_by_batch) - 1)])
             ks = np.clip(self.max_model_len - num_tokens - 1, 0, k)
-        drafts, lengths, group, mlen = self.drafter.step_arrays(slots, tokens, offsets, ks)
+        table = self.acceptance.conditional() if self.options.payoff else None
+        if table is not None and self._nothing_can_pay(rows, table):
+            ks = np.where(self.shadows.pending(slots), 0, ks)
+        drafts, lengths, group, mlen, level = self.drafter.step_arrays(
+            slots, tokens, offsets, ks, table, self._token_cost
+        )
         if self.options.payoff:
-            lengths = self._pay(rows, slots, drafts, lengths.astype(np.int64), group, mlen)
+            lengths = self._pay(rows, slots, drafts, lengths.astype(np.int64), group, mlen, level)
         self.busy_s += self.clock() - now
         return draft_lists(drafts, lengths)

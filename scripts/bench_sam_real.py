@@ -9,12 +9,15 @@ temperature 1 with the real model (spec off, cached under artifacts/), then meas
   prompt's history stores them), and into per-prompt automata (a group corpus each), counted as SAM counts them;
 - the same on the standard library's bytes, in the same run, for the ratio;
 - teacher-forced drafting over the same responses, grouped by prompt (a prompt's responses one after another, each
-  seeing the earlier ones as finished siblings; suffix's global tree sees every earlier response): accepted and
-  drafted tokens per position at K = configs/spec/sam.yaml's, SAM's draft cut where the payoff rule's learned chance
-  (sam/payoff.py's AcceptanceModel, fed every position's outcome) falls below a threshold, suffix's at its
-  ``min_token_prob``; both swept, so the two curves compare at equal drafting.
+  seeing the earlier ones as finished siblings, and SAM's and suffix's corpora of every prompt's responses every
+  earlier one): accepted and drafted tokens per position at K = configs/spec/sam.yaml's, SAM at the payoff rule's
+  cut for a threshold (each row's source picked by what its draft gains at that cost under the learned chances of
+  sam/payoff.py's AcceptanceModel, fed every position's outcome; the tokens sent whose chance exceeds it), suffix at
+  its ``min_token_prob``; both swept, so the two curves compare at equal drafting;
+- the compiled drafter's step at 64 rows on the same responses.
 
     .venv/bin/python scripts/bench_sam_real.py [--prompts 64 --n 8]   # -> results/real/sam_{ingest,teacher_forced}.md
+    .venv/bin/python scripts/bench_sam_real.py --split test           # prompts the drafter was never tuned on
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import yaml
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
@@ -33,9 +37,12 @@ sys.path.insert(0, str(REPO_ROOT))
 LEAD = 3  # configs/spec/sam.yaml lead_tokens
 
 
-def rollouts(model: str, prompts: int, n: int, max_tokens: int) -> list[tuple[np.ndarray, list[np.ndarray]]]:
-    """(prompt ids, responses) per prompt: the real model's samples of the word problems' train split, cached."""
-    cache = REPO_ROOT / "artifacts" / f"vocab_rollouts_{model}_{prompts}x{n}_{max_tokens}.npz"
+def rollouts(
+    model: str, prompts: int, n: int, max_tokens: int, split: str = "train"
+) -> list[tuple[np.ndarray, list[np.ndarray]]]:
+    """(prompt ids, responses) per prompt: the real model's samples of the word problems' ``split``, cached."""
+    tag = "" if split == "train" else f"_{split}"
+    cache = REPO_ROOT / "artifacts" / f"vocab_rollouts_{model}_{prompts}x{n}_{max_tokens}{tag}.npz"
     if not cache.is_file():
         from bench_rollout import mode_engine
 
@@ -45,8 +52,8 @@ def rollouts(model: str, prompts: int, n: int, max_tokens: int) -> list[tuple[np
         from recipe.models import resolve_model
 
         ckpt = resolve_model(model)
-        train, _ = write_splits()
-        _, ids = load_prompts(str(train), load_tokenizer(ckpt), 512, prompts)
+        train, test = write_splits()
+        _, ids = load_prompts(str(train if split == "train" else test), load_tokenizer(ckpt), 512, prompts)
         engine = mode_engine(ckpt, "off", 0, None, None, dtype="bfloat16")
         result = engine.generate(ids, n, {"temperature": 1.0, "top_p": 1.0, "max_tokens": max_tokens})
         engine.close()
@@ -91,14 +98,14 @@ def ingest_rate(texts: list[np.ndarray], repeats: int, count: bool) -> tuple[flo
     return float(np.median(rates)), nbytes / total
 
 
-SAM_THRESHOLDS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+SAM_THRESHOLDS = (0.0, 0.01, 0.02, 0.03, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 SUFFIX_MIN_TOKEN_PROBS = (0.0, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9)
 
 
-def teacher_forced_sweep(groups: list[tuple[np.ndarray, list[np.ndarray]]]) -> dict:
-    """Accepted and drafted tokens per position for SAM at each of SAM_THRESHOLDS (one pass: every threshold cuts
-    the same draft) and suffix at each of SUFFIX_MIN_TOKEN_PROBS."""
-    from arctic_inference.suffix_decoding import SuffixDecodingCache
+def sam_pass(groups: list[tuple[np.ndarray, list[np.ndarray]]], threshold: float, options: dict) -> dict:
+    """SAM teacher-forced over ``groups`` with the payoff rule's cut at ``threshold``: each row drafts from the source
+    whose draft gains the most at that cost per draft token and sends the tokens whose learned chance exceeds it
+    (sam/payoff.py's AcceptanceModel, fed every position's outcome). ``options`` override configs/spec/sam.yaml's."""
     from omegaconf import OmegaConf
 
     from recipe.dapo.config import spec_group
@@ -107,19 +114,21 @@ def teacher_forced_sweep(groups: list[tuple[np.ndarray, list[np.ndarray]]]) -> d
 
     sam_cfg = spec_group("sam")
     k = int(sam_cfg.num_speculative_tokens)
-    opts = {**OmegaConf.to_container(sam_cfg.sam), "batch_threshold": 1 << 20, "cross_epoch": False, "payoff": False}
+    opts = {
+        **OmegaConf.to_container(sam_cfg.sam), "batch_threshold": 1 << 20, "cross_epoch": False, "payoff": False,
+        **options,
+    }  # fmt: skip
     drafter = BatchDrafter(SAMOptions.from_dict(opts), k)
     model = AcceptanceModel(k)
-    thresholds = np.array(SAM_THRESHOLDS)
-    accepted = np.zeros(thresholds.size)
-    drafted = np.zeros(thresholds.size)
-    positions = 0
+    accepted = drafted = positions = 0
     slots = [[drafter.start(p, str(g).encode()) for _ in rs] for g, (p, rs) in enumerate(groups)]
     for g, (_, responses) in enumerate(groups):
         for r, text in enumerate(responses):
             slot = np.array([slots[g][r]])
             for pos in range(len(text) - 1):
-                buf, n, group, mlen = drafter.step_arrays(slot, text[pos : pos + 1], np.array([0, 1]), np.array([k]))
+                buf, n, group, mlen, level = drafter.step_arrays(
+                    slot, text[pos : pos + 1], np.array([0, 1]), np.array([k]), model.conditional(), threshold
+                )
                 n = int(n[0])
                 positions += 1
                 if n == 0:
@@ -129,22 +138,70 @@ def teacher_forced_sweep(groups: list[tuple[np.ndarray, list[np.ndarray]]]) -> d
                 while ok < min(n, truth.size) and buf[0, ok] == truth[ok]:
                     ok += 1
                 band = model.band(mlen[:1])
-                chances = model.chances(group[:1].astype(np.int64), band)[0, :n]
-                keep = (chances[None, :] > thresholds[:, None]).sum(axis=1)
+                keep = int((model.chances(group[:1].astype(np.int64), band, level[:1])[0, :n] > threshold).sum())
                 drafted += keep
-                accepted += np.minimum(keep, ok)
-                model.observe(group[:1].astype(np.int64), band, np.array([n]), np.array([ok]))
+                accepted += min(keep, ok)
+                model.observe(group[:1].astype(np.int64), band, level[:1], np.array([n]), np.array([ok]))
             drafter.finish(slots[g][r])
-    rows = [
-        {
-            "drafter": "sam",
-            "threshold": float(t),
-            "drafted_per_position": float(d / positions),
-            "accepted_per_position": float(a / positions),
-            "acceptance": float(a / max(d, 1)),
-        }
-        for t, d, a in zip(thresholds, drafted, accepted, strict=True)
-    ]
+    return {
+        "drafter": "sam",
+        "threshold": float(threshold),
+        "drafted_per_position": drafted / positions,
+        "accepted_per_position": accepted / positions,
+        "acceptance": accepted / max(drafted, 1),
+    }
+
+
+def step_cost(groups: list[tuple[np.ndarray, list[np.ndarray]]], prompts: int = 8, repeats: int = 3) -> dict:
+    """Milliseconds per compiled drafter step (:meth:`sam.policy.BatchDrafter.step_arrays`, the proposer's hot path)
+    over ``prompts`` prompts' responses at once (8 x 8: 64 rows, one token per row per step, as a step without
+    drafts feeds them), after a first epoch of the same prompts has filled the histories and the corpus of every
+    prompt's responses; the steps with at least 32 rows, median and mean over ``repeats`` epochs (a mean includes
+    the recounts of group material as responses finish). With the payoff rule's chances (a fresh model's, at a cost
+    of 0.3 per draft token) and, for comparison, by the longest match alone."""
+    from omegaconf import OmegaConf
+
+    from recipe.dapo.config import spec_group
+    from sam.payoff import AcceptanceModel
+    from sam.policy import BatchDrafter, SAMOptions
+
+    sam_cfg = spec_group("sam")
+    k = int(sam_cfg.num_speculative_tokens)
+    options = SAMOptions.from_dict(OmegaConf.to_container(sam_cfg.sam))
+    chosen = groups[:prompts]
+    texts = [r for _, rs in chosen for r in rs]
+    out = {}
+    for name, table in (("scored", AcceptanceModel(k).conditional()), ("longest_match", None)):
+        drafter = BatchDrafter(options, k)
+        times: list[float] = []
+        for epoch in range(repeats + 1):
+            slots = np.array([drafter.start(p, str(g).encode()) for g, (p, rs) in enumerate(chosen) for _ in rs])
+            pos = np.zeros(len(texts), dtype=np.int64)
+            live = np.ones(len(texts), dtype=bool)
+            while live.any():
+                rows = np.flatnonzero(live)
+                tokens = np.array([texts[r][pos[r]] for r in rows], dtype=np.int32)
+                start = time.perf_counter()
+                drafter.step_arrays(slots[rows], tokens, np.arange(rows.size + 1), np.full(rows.size, k), table, 0.3)
+                if epoch > 0 and rows.size >= 32:
+                    times.append(time.perf_counter() - start)
+                pos[rows] += 1
+                for r in rows[pos[rows] >= np.array([texts[r].size for r in rows])]:
+                    live[r] = False
+                    drafter.finish(slots[r])
+        out[name] = {"median_ms": 1000 * float(np.median(times)), "mean_ms": 1000 * float(np.mean(times))}
+    return out
+
+
+def teacher_forced_sweep(groups: list[tuple[np.ndarray, list[np.ndarray]]], sam_options: dict) -> dict:
+    """Accepted and drafted tokens per position for SAM at each of SAM_THRESHOLDS (a pass each: the threshold also
+    picks each row's source) and suffix at each of SUFFIX_MIN_TOKEN_PROBS."""
+    from arctic_inference.suffix_decoding import SuffixDecodingCache
+
+    from recipe.dapo.config import spec_group
+
+    k = int(spec_group("sam").num_speculative_tokens)
+    rows = [sam_pass(groups, t, sam_options) for t in SAM_THRESHOLDS]
     suffix_cfg = spec_group("suffix")
     depth = int(suffix_cfg.suffix_decoding_max_tree_depth)
     for min_prob in SUFFIX_MIN_TOKEN_PROBS:
@@ -200,9 +257,23 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=384)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", default=str(REPO_ROOT / "results" / "real"))
+    parser.add_argument(
+        "--split", default="train", choices=("train", "test"),
+        help="the word problems' split the prompts come from (test: prompts the drafter was never tuned on; its "
+        "files are named *_test)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--sam-option", action="append", default=[], metavar="KEY=VALUE",
+        help="a SAM option over configs/spec/sam.yaml's for the teacher-forced sweep (files named *_KEYVALUE)",
+    )  # fmt: skip
     args = parser.parse_args()
 
-    groups = rollouts(args.model, args.prompts, args.n, args.max_tokens)
+    sam_options = {}
+    for item in args.sam_option:
+        key, _, value = item.partition("=")
+        sam_options[key] = yaml.safe_load(value)
+    groups = rollouts(args.model, args.prompts, args.n, args.max_tokens, args.split)
+    tag = ("" if args.split == "train" else f"_{args.split}") + "".join(f"_{k}{v}" for k, v in sam_options.items())
     per_prompt = [corpus(p, rs) for p, rs in groups]
     all_history = np.concatenate([corpus(p, rs, 1 + i * args.n) for i, (p, rs) in enumerate(groups)])
     warm = SuffixAutomaton()
@@ -230,13 +301,19 @@ def main() -> None:
         "distinct_token_ids": distinct,
         "mean_prompt_corpus_tokens": float(np.mean([c.size for c in per_prompt])),
     }
-    sweep = teacher_forced_sweep(groups)
-    (out / "sam_real.json").write_text(json.dumps({**meta, "ingest": rows, "teacher_forced": sweep}, indent=2))
+    sweep = teacher_forced_sweep(groups, sam_options)
+    cost = step_cost(groups)
+    print("drafter step", json.dumps(cost), flush=True)
+    options_flags = "".join(f" --sam-option {k}={v}" for k, v in sam_options.items())
+    over = f" with {sam_options}" if sam_options else ""
+    (out / f"sam_real{tag}.json").write_text(
+        json.dumps({**meta, "ingest": rows, "teacher_forced": sweep, "step_cost": cost}, indent=2)
+    )
     lines = [
         f"# SAM on a real model's token ids ({args.model})",
         "",
         f"Produced by `.venv/bin/python scripts/bench_sam_real.py --prompts {args.prompts} --n {args.n} --max-tokens "
-        f"{args.max_tokens} --repeats {args.repeats}`: {meta['tokens']:,} tokens of the model's own responses at "
+        f"{args.max_tokens} --repeats {args.repeats} --split {args.split}{options_flags}`: {meta['tokens']:,} tokens of the model's own responses at "
         f"temperature 1 ({distinct:,} distinct ids of a 49,152-token vocabulary; {meta['mean_prompt_corpus_tokens']:.0f}"
         " tokens per prompt's corpus), stored as SAM's group corpora store them (3 lead tokens, response, separator);"
         " beside them the standard library's bytes, cut to the same length, in the same run. Medians of "
@@ -246,17 +323,18 @@ def main() -> None:
         "|---|---|---|",
         *(f"| {k} | {v['tokens_per_s'] / 1e6:.2f} | {v['bytes_per_token']:.1f} |" for k, v in rows.items()),
     ]
-    (out / "sam_ingest.md").write_text("\n".join(lines) + "\n")
+    (out / f"sam_ingest{tag}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     tf = [
         f"# Teacher-forced drafting on {args.model}'s own rollouts, SAM vs vLLM suffix, thresholds swept",
         "",
-        f"Produced by `.venv/bin/python scripts/bench_sam_real.py --prompts {args.prompts} --n {args.n}` on the same "
-        f"{meta['tokens']:,} tokens (temperature 1), K = {sweep['k']}. SAM: configs/spec/sam.yaml's options with its "
-        "draft cut where the learned chance of the whole draft so far falls to the threshold (the payoff rule's "
-        "estimate); suffix: Arctic's cache with configs/spec/suffix.yaml's options at each min_token_prob. SAM at "
-        "suffix's drafting: SAM's accepted tokens per position interpolated at the drafted tokens per position of "
-        "each suffix row.",
+        f"Produced by `.venv/bin/python scripts/bench_sam_real.py --prompts {args.prompts} --n {args.n} --split "
+        f"{args.split}{options_flags}` on the same {meta['tokens']:,} tokens (temperature 1; prompts of the word problems' "
+        f"{args.split} split), K = {sweep['k']}. SAM: configs/spec/sam.yaml's options{over}, one pass per threshold: the "
+        "payoff rule's cut at that cost per draft token (each row drafts from the source whose draft gains most at "
+        "that cost under the learned chances, and sends the tokens whose learned chance exceeds it); suffix: Arctic's "
+        "cache with configs/spec/suffix.yaml's options at each min_token_prob. SAM at suffix's drafting: SAM's "
+        "accepted tokens per position interpolated at the drafted tokens per position of each suffix row.",
         "",
         "| drafter | threshold | drafted / position | accepted / position | acceptance | SAM at this drafting | SAM / suffix |",
         "|---|---|---|---|---|---|---|",
@@ -271,7 +349,15 @@ def main() -> None:
             + ("-" if at is None else f"{at / row['accepted_per_position']:.2f}x")
             + " |"
         )
-    (out / "sam_teacher_forced.md").write_text("\n".join(tf) + "\n")
+    tf += [
+        "",
+        "The compiled drafter's step over 8 of these prompts' 64 responses at once, after an epoch of them "
+        "(`step_cost`: steps of at least 32 rows, one token per row, this CPU): "
+        f"{cost['scored']['median_ms']:.3f} ms median ({cost['scored']['mean_ms']:.3f} mean, with the recounts) picking "
+        f"each row's source by the learned chances, {cost['longest_match']['median_ms']:.3f} ms "
+        f"({cost['longest_match']['mean_ms']:.3f}) by the longest match.",
+    ]
+    (out / f"sam_teacher_forced{tag}.md").write_text("\n".join(tf) + "\n")
     print("\n".join(tf))
 
 

@@ -2,9 +2,10 @@
 proposer that learns both from its own calls (driven with a clock that advances by a known step cost)."""
 
 import numpy as np
+import pytest
 from test_sam_proposer import Driver, K, make_proposer
 
-from sam.payoff import AcceptanceModel, ShadowDrafts, StepCost, payoff_lengths
+from sam.payoff import AcceptanceModel, ShadowDrafts, StepCost, payoff_cut, payoff_lengths
 
 
 def test_step_cost_recovers_the_cost_of_rows_drafts_and_the_switch_to_verification():
@@ -42,13 +43,16 @@ def test_a_cost_that_noise_makes_negative_is_fitted_as_zero_without_mispricing_t
 def test_acceptance_counts_positions_reached_and_accepted():
     model = AcceptanceModel(k=3, prior_mean=0.5, prior_weight=2.0)
     group, band = np.zeros(100, np.int64), np.zeros(100, np.int64)
+    level = np.tile([2, 5, 5], (100, 1))  # each token counts in its own evidence level
     # every draft of 3 had its first token accepted and its second rejected: the third was never verified
-    model.observe(group, band, np.full(100, 3), np.full(100, 1))
-    p = model.accepted[0, 0] / model.reached[0, 0]
+    model.observe(group, band, level, np.full(100, 3), np.full(100, 1))
+    p = np.array([model.accepted[0, 0, 2, 0], model.accepted[0, 0, 5, 1], model.accepted[0, 0, 5, 2]])
+    p /= np.array([model.reached[0, 0, 2, 0], model.reached[0, 0, 5, 1], model.reached[0, 0, 5, 2]])
     assert p[0] == (100 + 1) / (100 + 2) and p[1] == 1 / (100 + 2) and p[2] == 0.5
-    chances = model.chances(np.array([0]), np.array([0]))[0]
+    assert (model.reached[0, 0, 5, 0], model.reached[0, 0, 2, 1]) == (2.0, 2.0)  # other levels untouched
+    chances = model.chances(np.array([0]), np.array([0]), level[:1])[0]
     assert np.allclose(chances, np.cumprod(p))
-    assert model.band(np.array([2, 3, 5, 8, 9, 40])).tolist() == [0, 1, 2, 3, 4, 5]
+    assert model.band(np.array([1, 2, 3, 5, 8, 9, 40])).tolist() == [0, 1, 2, 3, 4, 5, 6]
 
 
 def test_shadow_drafts_are_settled_by_the_tokens_their_request_verifies_next():
@@ -56,20 +60,30 @@ def test_shadow_drafts_are_settled_by_the_tokens_their_request_verifies_next():
     shadows = ShadowDrafts(k=3, size=2)
     slots = np.array([0, 5])  # slot 5: beyond the initial size, grown on demand
     drafts = np.array([[7, 8, 9], [4, 4, 4]], dtype=np.int32)
-    shadows.start(slots, drafts, np.array([3, 2]), np.array([0, 1]), np.array([2, 0]))
+    level = np.array([[1, 1, 1], [0, 0, 0]])  # slot 0's tokens count at evidence level 1
+    shadows.start(slots, drafts, np.array([3, 2]), np.array([0, 1]), np.array([2, 0]), level)
     # one token per step, as a request that was sent no draft verifies: slot 0 matches 7 then misses (8 != 1)
     shadows.resolve(slots, np.array([7, 4], np.int32), np.array([0, 1, 2]), model)
     assert (model.reached == 2.0).all()  # nothing settled yet
     # a new full draft does not replace a pending one
     shadows.start(
-        slots, np.array([[1, 1, 1], [1, 1, 1]], np.int32), np.array([3, 3]), np.array([1, 1]), np.array([0, 0])
+        slots, np.array([[1, 1, 1], [1, 1, 1]], np.int32), np.array([3, 3]), np.array([1, 1]), np.array([0, 0]), level
     )
     shadows.resolve(slots, np.array([1, 4, 3], np.int32), np.array([0, 1, 3]), model)
     # slot 0: [7, 8, 9] vs 7, 1 -> 1 accepted of 3 (positions 0 and 1 verified); slot 5: [4, 4] vs 4, 4 -> 2 of 2
-    assert (model.reached[0, 2] - 2.0).tolist() == [1, 1, 0] and (model.accepted[0, 2] - 1.0).tolist() == [1, 0, 0]
-    assert (model.reached[1, 0] - 2.0).tolist() == [1, 1, 0] and (model.accepted[1, 0] - 1.0).tolist() == [1, 1, 0]
+    assert (model.reached[0, 2, 1] - 2.0).tolist() == [1, 1, 0] and (model.accepted[0, 2, 1] - 1.0).tolist() == [
+        1,
+        0,
+        0,
+    ]
+    assert (model.reached[1, 0, 0] - 2.0).tolist() == [1, 1, 0] and (model.accepted[1, 0, 0] - 1.0).tolist() == [
+        1,
+        1,
+        0,
+    ]
+    assert (model.reached[0, 2, 0] == 2.0).all()  # slot 0's level was kept with its draft
     # settled slots take the next draft; a forgotten slot (its request finished) settles nothing
-    shadows.start(slots, drafts, np.array([3, 2]), np.array([0, 1]), np.array([2, 0]))
+    shadows.start(slots, drafts, np.array([3, 2]), np.array([0, 1]), np.array([2, 0]), level)
     shadows.forget(0)
     before = model.reached.copy()
     shadows.resolve(slots[:1], np.array([7], np.int32), np.array([0, 1]), model)
@@ -168,3 +182,40 @@ def test_where_the_engine_is_per_row_overhead_the_cost_of_a_draft_is_explored_an
     # a step whose cost is all per request (Python work per row) and a drafted token nearly free: the prior (a draft
     # costs a request) alone would never draft; exploring steps learn c and the rule then drafts
     assert drafted_tokens(fixed=0.0, per_row=0.004, per_draft=0.0001) > 0.5 * 12 * 5 * 26 * (K / (K + 1))
+
+
+def test_the_cut_reports_what_a_sent_draft_token_costs_at_its_fixed_point():
+    """A token is worth sending when its chance beats c * tokens / seconds of the step with the drafts kept; the
+    drafter picks the next step's sources at that cost."""
+    chances = np.array([[0.9, 0.5, 0.15]])
+    # c = 0.1 s per draft token, 1 s per step: all three pass at 0.1 (2.55 tokens in 1.3 s), two at 0.196, and two
+    # at 0.2 (2.4 tokens in 1.2 s): the fixed point
+    keep, threshold = payoff_cut(chances, np.array([3]), rows=1, cost=np.array([1.0, 0.0, 0.1, 0.0, 0.0]))
+    assert keep.tolist() == [2] and threshold == pytest.approx(0.2)
+    keep, threshold = payoff_cut(chances, np.array([3]), rows=1, cost=np.array([1.0, 0.0, 1.0, 0.0, 0.0]))
+    assert keep.tolist() == [0] and threshold == pytest.approx(1.0)  # a token costing a whole step never pays
+
+
+def test_where_nothing_can_pay_only_requests_needing_a_new_shadow_are_drafted_for_and_learning_is_unchanged():
+    """A step where no cell's first token beats the cut's lowest threshold sends nothing, so only requests whose
+    shadow draft settled need a draft (the rest would be thrown away): that saves the drafter's work on a big batch of
+    a compute-bound engine without changing what the acceptance model learns."""
+    never_pays = {"payoff": True, "batch_threshold": 256, "payoff_cost": [0.0, 0.01, 0.01, 0.0, 0.0]}
+    proposers = [make_proposer(**never_pays), make_proposer(**never_pays)]
+    proposers[1]._nothing_can_pay = lambda rows, table: False  # the same rule, drafting for every request
+    calls = []
+    for proposer in proposers:
+        step_arrays = proposer.drafter.step_arrays
+        ks_seen = []
+
+        def counted(slots, tokens, offsets, ks, *args, _seen=ks_seen, _step=step_arrays):
+            _seen.append(int((ks > 0).sum()))
+            return _step(slots, tokens, offsets, ks, *args)
+
+        proposer.drafter.step_arrays = counted
+        driver = Driver(proposer, periodic_requests(8))
+        assert all(d == [] for step in driver.run() for d in step.values())  # a token costs a request: never sent
+        calls.append(ks_seen)
+    assert sum(calls[0]) < 0.7 * sum(calls[1])  # fewer requests drafted for ...
+    a, b = (p.acceptance for p in proposers)
+    assert a.observed == b.observed > 0 and (a.accepted == b.accepted).all() and (a.reached == b.reached).all()

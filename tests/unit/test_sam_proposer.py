@@ -112,7 +112,13 @@ def random_requests(rng, n: int, prompts: int = 3, max_len: int = 80) -> dict[st
 )  # 900: automata outgrow their arrays mid-rollout
 def test_requests_are_tracked_through_reordering_and_preemption_and_only_verified_tokens_enter(max_len, preempt):
     rng = np.random.default_rng(0)
-    opts = {"group_sharing": False, "cross_epoch": False, "batch_threshold": 100, "min_match": 1}
+    opts = {
+        "group_sharing": False,
+        "cross_epoch": False,
+        "global_sharing": False,
+        "batch_threshold": 100,
+        "min_match": 1,
+    }
     proposer = make_proposer(**opts)
     drv = Driver(proposer, random_requests(rng, 12, max_len=max_len), preempt=preempt)
     while drv.unfinished:
@@ -233,7 +239,8 @@ def test_group_drafts_follow_the_continuation_most_siblings_took_while_its_chanc
     assert draft_after_opening(min_token_prob=0.3, prior_decay=0) == majority[:2]
     assert draft_after_opening(min_token_prob=0.6, prior_decay=0) == []
     assert draft_after_opening(min_token_prob=0.6, count_prior=0) == majority  # 2/3, then 2/2 per token
-    # the prior shrinks by min_match / match length: 2/(3+2/6), then 2/(2+2/7), 2/(2+2/8), ...: 0.6, 0.53, 0.47, 0.42
+    # drafted without the payoff rule's chances, group material needs min_match too (not min_match_counted), and the
+    # prior shrinks by it over the match length: 2/(3+2/6), then 2/(2+2/7), 2/(2+2/8), ...: 0.6, 0.53, 0.47, 0.42
     assert draft_after_opening(min_token_prob=0.3) == majority
     assert draft_after_opening(min_token_prob=0.5) == majority[:2]
     assert draft_after_opening(draft_from_counts=False) == earliest  # the first earlier occurrence
@@ -316,7 +323,8 @@ def test_history_is_bounded_by_bytes_and_evicted_memory_is_freed():
     store = run(max(64 * 64, int(2.5 * one_history)))  # room for two prompts' histories: the oldest four go
     assert [int(g.lead[-1]) for g in store.groups.values()] == [3 + 4, 3 + 5]  # the two most recent prompts
     assert store.history_bytes == sum(g.history.nbytes for g in store.groups.values()) <= 2.5 * one_history
-    assert store.pool.live() == 2 * len(store.groups)  # siblings + history automaton per kept group, the rest freed
+    # siblings + history automaton per kept group and the global corpus; the rest freed
+    assert store.pool.live() == 2 * len(store.groups) + 1
 
 
 def test_history_grows_in_place_within_its_bound_and_drops_its_oldest_beyond_it():
