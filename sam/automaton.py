@@ -62,9 +62,7 @@ C_LEN, C_LINK, C_END, C_TOK, C_TO, C_HEAD, C_LAST = range(7)  # clone columns (C
 # P_LAST and C_LAST, where a state's latest occurrence ends, exist only in automata that track it (``latest``)
 RECENT_DEPTH = 2  # states along the suffix path whose latest occurrence each appended token updates (2 drafts
 # as well as 16 teacher-forced; each deeper state costs a cache miss per token)
-S_OCC, S_BEST = range(2)  # occurrence-count columns: occurrences of a state's strings, and the continuation most of
-# them took (the latest occurrence's on ties; NO_TOK: none but a separator), so a draft reads it instead of scanning
-# a state's out-edges (a one-token context in a corpus of every prompt's responses has hundreds)
+S_OCC, S_LAST = range(2)  # occurrence-count columns: occurrences of a state's strings, end of the last one
 GROWTH = 1.5  # arrays grow by this factor (the hash doubles)
 BYTES_PER_TOKEN = 64  # the memory budget the layout keeps on text (tests/unit/test_sam_automaton.py), for sizing bounds
 MAX_LOAD = 0.75  # hash slots in use before it doubles
@@ -396,11 +394,10 @@ def _draft_recent(pf, n_text, end, k, out) -> int:
 
 
 @nb.njit(cache=True)
-def _count(pf_l, cl_l, table_l, meta_l, stats_l, slot) -> None:
-    """Occurrence counts of every state of automaton ``slot``: how many times its strings occur in the text (a
-    state's end positions are its prefix states' in its suffix-link subtree, so counts flow from longer states to
-    their links), and the continuation most occurrences took (:data:`S_BEST`). Row of prefix state i: i; of clone
-    j: text length + 1 + j.
+def _count(pf_l, cl_l, meta_l, stats_l, slot) -> None:
+    """Occurrence counts of every state of automaton ``slot``: how many times its strings occur in the text and
+    where the last occurrence ends (a state's end positions are its prefix states' in its suffix-link subtree,
+    so counts flow from longer states to their links). Row of prefix state i: i; of clone j: text length + 1 + j.
     """
     meta = meta_l[slot]
     pf, cl = pf_l[slot], cl_l[slot]
@@ -409,8 +406,8 @@ def _count(pf_l, cl_l, table_l, meta_l, stats_l, slot) -> None:
     rows = n + 1 + n_clones
     st = np.empty((rows, 2), dtype=np.int32)
     _huge_pages(st)
-    last = np.full(rows, -1, dtype=np.int32)  # where a state's latest occurrence ends: the tie-break of S_BEST
     st[:, S_OCC] = 0
+    st[:, S_LAST] = -1
     by_length = np.zeros(n + 2, dtype=np.int64)  # counting sort of the states, longest first
     by_length[: n + 1] = 1
     for j in range(n_clones):
@@ -430,47 +427,16 @@ def _count(pf_l, cl_l, table_l, meta_l, stats_l, slot) -> None:
         by_length[length] += 1
     for i in range(1, n + 1):
         st[i, S_OCC] = 1
-        last[i] = i - 1
+        st[i, S_LAST] = i - 1
     for r in order:
         if r == 0:
             continue
         link = pf[r, P_LINK] if r <= n else cl[r - n - 1, C_LINK]
         up = link if link < CLONE else n + 1 + (link - CLONE)
         st[up, S_OCC] += st[r, S_OCC]
-        last[up] = max(last[up], last[r])
-    best = np.empty(rows, dtype=np.int32)
-    for r in range(rows):
-        best[r] = _most_taken(pf, cl, table_l[slot], st, last, n, r if r <= n else CLONE + (r - n - 1))
-    st[:, S_BEST] = best
+        st[up, S_LAST] = max(st[up, S_LAST], st[r, S_LAST])
     stats_l[slot] = st
     meta[COUNTED_LEN] = n
-
-
-@nb.njit(cache=True)
-def _most_taken(pf, cl, table, st, last, n_text, state) -> int:
-    """The token most occurrences of ``state`` went on with (the latest occurrence's on ties; separators never), or
-    NO_TOK; ``st`` holds the occurrence counts, ``last`` where each state's latest occurrence ends."""
-    best_tok, best_occ, best_last = NO_TOK, 0, -1
-    if state < CLONE:
-        if state < n_text:
-            t, to = pf[state, P_TOK], state + 1
-            if t >= 0 and (st[to, S_OCC] > best_occ or (st[to, S_OCC] == best_occ and last[to] > best_last)):
-                best_tok, best_occ, best_last = t, st[to, S_OCC], last[to]
-        h = pf[state, P_HEAD]
-    else:
-        t, to = cl[state - CLONE, C_TOK], cl[state - CLONE, C_TO]
-        if t != NO_TOK:
-            row = _stat_row(n_text, to)
-            if t >= 0 and (st[row, S_OCC] > best_occ or (st[row, S_OCC] == best_occ and last[row] > best_last)):
-                best_tok, best_occ, best_last = t, st[row, S_OCC], last[row]
-        h = cl[state - CLONE, C_HEAD]
-    while h != NO_TOK:
-        v = table[2 * _find_slot(table, state, h) + 1]
-        row = _stat_row(n_text, v & _LOW32)
-        if h >= 0 and (st[row, S_OCC] > best_occ or (st[row, S_OCC] == best_occ and last[row] > best_last)):
-            best_tok, best_occ, best_last = h, st[row, S_OCC], last[row]
-        h = v >> 32
-    return best_tok
 
 
 @nb.njit(cache=True, inline="always")
@@ -527,11 +493,32 @@ def _draft_counted_at(pf, cl, table, st, n_text, state, mlen, k, min_match, prio
     score = 0.0
     n = 0
     while n < k:
-        best_tok = st[_stat_row(n_text, state), S_BEST]
-        if best_tok == NO_TOK:
+        best_tok, best_to, best_occ, best_last = NO_TOK, -1, 0, -1
+        if state < CLONE:
+            if state < n_text:
+                t, to = pf[state, P_TOK], state + 1
+                o, last = st[to, S_OCC], st[to, S_LAST]
+                if t >= 0 and (o > best_occ or (o == best_occ and last > best_last)):
+                    best_tok, best_to, best_occ, best_last = t, to, o, last
+            h = pf[state, P_HEAD]
+        else:
+            t, to = cl[state - CLONE, C_TOK], cl[state - CLONE, C_TO]
+            if t != NO_TOK:
+                row = _stat_row(n_text, to)
+                o, last = st[row, S_OCC], st[row, S_LAST]
+                if t >= 0 and (o > best_occ or (o == best_occ and last > best_last)):
+                    best_tok, best_to, best_occ, best_last = t, to, o, last
+            h = cl[state - CLONE, C_HEAD]
+        while h != NO_TOK:
+            v = table[2 * _find_slot(table, state, h) + 1]
+            to = v & _LOW32
+            row = _stat_row(n_text, to)
+            o, last = st[row, S_OCC], st[row, S_LAST]
+            if h >= 0 and (o > best_occ or (o == best_occ and last > best_last)):
+                best_tok, best_to, best_occ, best_last = h, to, o, last
+            h = v >> 32
+        if best_to < 0:
             break
-        best_to = _transition(pf, cl, table, n_text, state, best_tok)
-        best_occ = st[_stat_row(n_text, best_to), S_OCC]
         shrunk = prior * (max(1, min_match) / (mlen + n)) ** decay  # the match grows by each drafted token
         support = st[_stat_row(n_text, state), S_OCC]
         chance *= best_occ / (support + shrunk)
@@ -866,7 +853,7 @@ class SuffixAutomaton:
         """Count how often each state's strings occur (until the text grows again), for :meth:`Matcher.draft_frequent`
         and the drafts of :func:`step_rows` from this automaton. Linear in the text; 8 bytes per state."""
         pool = self._pool
-        _count(pool.prefix, pool.clones, pool.table, pool.meta, pool.stats, self.slot)
+        _count(pool.prefix, pool.clones, pool.meta, pool.stats, self.slot)
 
     @property
     def counted(self) -> bool:
