@@ -43,6 +43,7 @@ from sam.cells import LEVELS, MATCH_BANDS, SOURCES, bands
 EXPLORE_UNTIL = 32  # steps with drafts an engine observes before it stops exploring what drafting costs
 EXPLORE_EVERY = 16  # ... on one step in this many
 EXPLORE_CHANCE = 0.5  # ... with the draft tokens at least this likely to be accepted
+SHADOW_EVERY = 4  # where no draft token can pay, a request is drafted for (a shadow draft) on one step in this many
 
 
 class AcceptanceModel:

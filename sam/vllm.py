@@ -26,6 +26,7 @@ from sam.keys import prompt_key
 from sam.payoff import (
     EXPLORE_CHANCE,
     EXPLORE_EVERY,
+    SHADOW_EVERY,
     AcceptanceModel,
     PinnedStepCost,
     ShadowDrafts,
@@ -163,13 +164,13 @@ class SAMProposer:
         self._last_call = now
         self.shadows.resolve(slots, tokens, offsets, self.acceptance)
 
-    def _pay(self, rows: int, slots, drafts, lengths, group, mlen, level) -> np.ndarray:
-        """The payoff rule's draft lengths (nothing until the step cost is learned; the likely tokens on exploring
-        steps while drafting's cost is unknown); each full draft also becomes its request's shadow if none is
-        pending."""
+    def _pay(self, rows: int, slots, drafts, lengths, group, mlen, level, idle: bool) -> np.ndarray:
+        """The payoff rule's draft lengths (nothing until the step cost is learned or where nothing can pay,
+        ``idle``; the likely tokens on exploring steps while drafting's cost is unknown); each full draft also becomes
+        its request's shadow if none is pending."""
         band = self.acceptance.band(mlen)
         self.shadows.start(slots, drafts, lengths, group, band, level)
-        if not self.step_cost.known:
+        if idle or not self.step_cost.known:
             lengths = np.zeros_like(lengths)
         elif self.step_cost.exploring and self.steps % EXPLORE_EVERY == 0:
             likely = np.arange(self.k)[None, :] < lengths[:, None]
@@ -186,8 +187,9 @@ class SAMProposer:
     def _nothing_can_pay(self, rows: int, table: np.ndarray) -> bool:
         """Whether no draft token can be sent this step: the step cost is not known yet, or not even the likeliest
         cell's first token beats the lowest threshold the payoff cut can have (``c * rows / seconds`` of the step
-        without drafts: taking a token raises it), and this is no exploring step. Then only requests that need a new
-        shadow draft are drafted for (a big batch on a compute-bound engine: most steps)."""
+        without drafts: taking a token raises it), and this is no exploring step (a big batch on a compute-bound
+        engine: most steps). Then only shadow drafts are made, for a quarter of the requests that need one
+        (:data:`SHADOW_EVERY`): the drafter's work on such a step is pure cost."""
         if not self.step_cost.known:
             return True
         if self.step_cost.exploring and self.steps % EXPLORE_EVERY == 0:
@@ -223,12 +225,14 @@ class SAMProposer:
             k = self.k if self.k_by_batch is None else int(self.k_by_batch[min(live, len(self.k_by_batch) - 1)])
             ks = np.clip(self.max_model_len - num_tokens - 1, 0, k)
         table = self.acceptance.conditional() if self.options.payoff else None
-        if table is not None and self._nothing_can_pay(rows, table):
-            ks = np.where(self.shadows.pending(slots), 0, ks)
+        idle = table is not None and self._nothing_can_pay(rows, table)
+        if idle:  # only shadow drafts, for a quarter of the requests whose last one settled: the model still learns
+            learn = ~self.shadows.pending(slots) & ((slots + self.steps) % SHADOW_EVERY == 0)
+            ks = np.where(learn, ks, 0)
         drafts, lengths, group, mlen, level = self.drafter.step_arrays(
             slots, tokens, offsets, ks, table, self._token_cost
         )
         if self.options.payoff:
-            lengths = self._pay(rows, slots, drafts, lengths.astype(np.int64), group, mlen, level)
+            lengths = self._pay(rows, slots, drafts, lengths.astype(np.int64), group, mlen, level, idle)
         self.busy_s += self.clock() - now
         return draft_lists(drafts, lengths)

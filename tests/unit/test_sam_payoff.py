@@ -196,10 +196,10 @@ def test_the_cut_reports_what_a_sent_draft_token_costs_at_its_fixed_point():
     assert keep.tolist() == [0] and threshold == pytest.approx(1.0)  # a token costing a whole step never pays
 
 
-def test_where_nothing_can_pay_only_requests_needing_a_new_shadow_are_drafted_for_and_learning_is_unchanged():
-    """A step where no cell's first token beats the cut's lowest threshold sends nothing, so only requests whose
-    shadow draft settled need a draft (the rest would be thrown away): that saves the drafter's work on a big batch of
-    a compute-bound engine without changing what the acceptance model learns."""
+def test_where_nothing_can_pay_a_quarter_of_the_requests_get_shadow_drafts_and_the_model_still_learns():
+    """A step where no cell's first token beats the cut's lowest threshold sends nothing, so its drafts serve only
+    the acceptance model: a quarter of the requests whose shadow settled are drafted for (SHADOW_EVERY), which saves
+    most of the drafter's work on a big batch of a compute-bound engine."""
     never_pays = {"payoff": True, "batch_threshold": 256, "payoff_cost": [0.0, 0.01, 0.01, 0.0, 0.0]}
     proposers = [make_proposer(**never_pays), make_proposer(**never_pays)]
     proposers[1]._nothing_can_pay = lambda rows, table: False  # the same rule, drafting for every request
@@ -216,6 +216,6 @@ def test_where_nothing_can_pay_only_requests_needing_a_new_shadow_are_drafted_fo
         driver = Driver(proposer, periodic_requests(8))
         assert all(d == [] for step in driver.run() for d in step.values())  # a token costs a request: never sent
         calls.append(ks_seen)
-    assert sum(calls[0]) < 0.7 * sum(calls[1])  # fewer requests drafted for ...
+    assert sum(calls[0]) < 0.4 * sum(calls[1])  # a quarter of the requests drafted for, or fewer ...
     a, b = (p.acceptance for p in proposers)
-    assert a.observed == b.observed > 0 and (a.accepted == b.accepted).all() and (a.reached == b.reached).all()
+    assert 0.25 * b.observed <= a.observed < b.observed  # ... and their shadow drafts still settled
