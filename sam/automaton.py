@@ -45,7 +45,7 @@ import numba as nb
 import numpy as np
 from numba.typed import List
 
-from sam.cells import OWN_AGREED, OWN_ONCE, OWN_ONCE_SPLIT, OWN_SPLIT, counted_level, match_band
+from sam.cells import CORPUS_SOURCE, OWN, OWN_AGREED, OWN_ONCE, OWN_ONCE_SPLIT, OWN_SPLIT, counted_level, match_band
 
 CLONE = 1 << 30  # clone ids: CLONE | index into the clone table; prefix state ids: 0..n
 NO_TOK = -(2**31)  # no token: an empty chain or no inline edge (token ids must be greater)
@@ -446,7 +446,8 @@ def _stat_row(n_text, s) -> int:
 
 @nb.njit(cache=True)
 def _draft_counted(
-    pf, cl, table, st, n_text, state, mlen, k, min_match, prior, decay, min_prob, out, level, chance_table, token_cost
+    pf, cl, table, st, n_text, state, mlen, k, min_match, prior, decay, min_prob, out, level, chance_table, token_cost,
+    source,
 ):  # fmt: skip
     """Write up to ``k`` tokens into ``out``, each the continuation that most occurrences of the match take
     (the latest occurrence breaks ties), while the estimated chance that the whole draft is accepted stays at
@@ -455,7 +456,7 @@ def _draft_counted(
     continuation seen once after a short match is a guess, after a long one it is mostly right; one seen in 7 of 8
     responses is likely). The match is the longest suffix of the context the text holds or a shorter one (a suffix
     link up, at least ``min_match`` long), whichever draft gains the most: under ``chance_table`` at ``token_cost``
-    as :func:`_draft_gain` scores it, or without a table by the sum of its estimated chances. A long match seen once
+    for ``source`` as :func:`_draft_gain` scores it, or without a table by the sum of its estimated chances. A long match seen once
     is often beaten by a short one that most responses continued the same way (suffix decoding, too, scores every
     match length). Needs counts taken at ``n_text`` (:func:`_count`). Stops at a separator (negative token).
     Returns (tokens written, the match length they were drafted from).
@@ -474,8 +475,8 @@ def _draft_counted(
         )
         free = 0.0
         if chance_table.size > 0:
-            gain = _draft_gain(chance_table, token_cost, 1, length, cand_level, n)
-            free = _draft_gain(chance_table, 0.0, 1, length, cand_level, n)
+            gain = _draft_gain(chance_table, token_cost, source, length, cand_level, n)
+            free = _draft_gain(chance_table, 0.0, source, length, cand_level, n)
         if n > 0 and (gain > best or (gain == best and free > best_free)):
             best_n, best_length, best, best_free = n, length, gain, free
             out[:n] = cand_out[:n]
@@ -596,7 +597,7 @@ def step_rows(
     the request's own text (never
     counted: it grows every step) it is what followed the latest earlier occurrence (``own_latest``; else the first),
     ``min(ks[r], ceil(tokens_per_match * (match - min_match + 1)))`` tokens; nothing below ``min_match``.
-    ``out_group[r]`` says whether the draft came from group material, ``out_mlen[r]`` is its match length and
+    ``out_group[r]`` is the draft's source (:data:`sam.cells.OWN`, ...), ``out_mlen[r]`` its match length and
     ``out_level[r, j]`` token ``j``'s evidence level (:func:`_own_evidence`, :func:`sam.cells.counted_level`): the
     cells of the payoff rule's model, :mod:`sam.cells`.
     """
@@ -638,7 +639,7 @@ def _step_rows(
     cand_level = np.empty(out.shape[1], dtype=out_level.dtype)
     for r in range(own.shape[0]):
         out_n[r] = 0
-        out_group[r] = 0
+        out_group[r] = OWN
         out_mlen[r] = 0
         out_level[r, :] = OWN_ONCE
         s = own[r]
@@ -665,8 +666,8 @@ def _step_rows(
                 n = _draft_slot(pf_l, cl_l, meta_l, s, meta[MATCH_STATE], mlen, kk, min_match, cand)
             gain, free = mlen + own_bonus, 0.0
             if scored:
-                gain = _draft_gain(chance_table, token_cost, 0, mlen, cand_level, n)
-                free = _draft_gain(chance_table, 0.0, 0, mlen, cand_level, n)
+                gain = _draft_gain(chance_table, token_cost, OWN, mlen, cand_level, n)
+                free = _draft_gain(chance_table, 0.0, OWN, mlen, cand_level, n)
             if n > 0:
                 best, best_free = gain, free
                 out_n[r], out_mlen[r] = n, mlen
@@ -696,18 +697,18 @@ def _step_rows(
             if counted:
                 n, mlen = _draft_counted(
                     pf_l[c], cl_l[c], table_l[c], stats_l[c], c_len, state, mlen, k, min_match_counted, count_prior,
-                    prior_decay, min_token_prob, cand, cand_level, chance_table, token_cost,
+                    prior_decay, min_token_prob, cand, cand_level, chance_table, token_cost, CORPUS_SOURCE[j],
                 )  # fmt: skip
             else:
                 kk = min(k, math.ceil(tokens_per_match * (mlen - min_match + 1)))
                 n = _draft_slot(pf_l, cl_l, meta_l, c, state, mlen, kk, min_match, cand)
             gain, free = mlen, 0.0
             if scored:
-                gain = _draft_gain(chance_table, token_cost, 1, mlen, cand_level, n)
-                free = _draft_gain(chance_table, 0.0, 1, mlen, cand_level, n)
+                gain = _draft_gain(chance_table, token_cost, CORPUS_SOURCE[j], mlen, cand_level, n)
+                free = _draft_gain(chance_table, 0.0, CORPUS_SOURCE[j], mlen, cand_level, n)
             if n > 0 and (gain > best or (gain == best and free > best_free)):
                 best, best_free = gain, free
-                out_n[r], out_mlen[r], out_group[r] = n, mlen, 1
+                out_n[r], out_mlen[r], out_group[r] = n, mlen, CORPUS_SOURCE[j]
                 out[r, :n] = cand[:n]
                 out_level[r, :] = cand_level
 
@@ -917,6 +918,6 @@ class Matcher:
         n, _ = _draft_counted(
             pool.prefix[a.slot], pool.clones[a.slot], pool.table[a.slot], pool.stats[a.slot], len(a), self._state,
             self._len, k, min_match, prior, decay, min_prob, out, np.empty(out.size, dtype=np.int64),
-            np.zeros((0, 0, 0, 0)), 0.0,
+            np.zeros((0, 0, 0, 0)), 0.0, 1,
         )  # fmt: skip
         return out[:n].tolist()

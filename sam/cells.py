@@ -15,7 +15,12 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-SOURCES = 2  # 0: the request's own text, 1: group material (siblings, history, every prompt's responses)
+OWN, PROMPT_GROUP, EVERY_PROMPT = range(3)  # sources: the request's own text, its prompt's responses (siblings,
+# history), every prompt's responses (their acceptance differs: on the embedded task every prompt's responses drafted
+# more and were accepted less, so they are learned apart)
+SOURCES = 3
+CORPUS_SOURCE = np.array([PROMPT_GROUP, PROMPT_GROUP, EVERY_PROMPT], dtype=np.int64)  # the source of each group corpus
+# a request matches, in the drafter's column order (sam.policy.BatchDrafter: siblings, history, every prompt's)
 MATCH_BANDS = np.array([0, 2, 3, 4, 6, 9, 16], dtype=np.int64)  # match-length band edges: [1], [2], [3], [4, 5], ...
 OWN_ONCE, OWN_ONCE_SPLIT, OWN_AGREED, OWN_SPLIT = range(4)  # own-text evidence levels
 OWN_LEVELS = 4

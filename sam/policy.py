@@ -32,6 +32,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from sam.automaton import BYTES_PER_TOKEN, AutomatonPool, DraftRules, SuffixAutomaton, step_rows
+from sam.cells import CORPUS_SOURCE
 
 
 @dataclass
@@ -40,17 +41,22 @@ class SAMOptions:
 
     min_match: int = 2  # no draft below this match length ...
     min_match_counted: int = 1  # ... but this one from counted group material, whose counts say how often even one
-    # token of context went on the same way, where the payoff rule's learned chances cut the drafts (suffix decoding
-    # drafts from such matches too; 2 lost 7% of the accepted tokens at the loosest drafting teacher-forced,
-    # results/real/README.md); without the payoff rule, min_match
+    # token of context went on the same way, where drafts are scored (``scored``; suffix decoding drafts from such
+    # matches too; 2 lost 7% of the accepted tokens at the loosest drafting teacher-forced, results/real/README.md);
+    # unscored, min_match
     tokens_per_match: float = 2.0  # own-text drafts: ceil(tokens_per_match * (match - min_match + 1)), at most K
     batch_threshold: int = 256  # no drafting while more than this many requests are active (the article used 8)
     lead_tokens: int = 3  # prompt tokens stored before each group response: a new request, whose context ends with
     # them, drafts its siblings' openings from its first step (0: only after min_match tokens of its own)
     group_sharing: bool = True  # draft from finished sibling responses of the same prompt
     cross_epoch: bool = True  # draft from earlier rollouts' responses to the same prompt
-    global_sharing: bool = True  # draft from every prompt's finished responses in this engine (one counted corpus:
-    # answers to one task share their phrasing; suffix decoding's global tree)
+    scored: bool = False  # with the payoff rule: count acceptance also by each draft token's evidence level and pick
+    # each request's source (and a counted corpus's match length) by what its draft gains under those chances
+    # (sam/cells.py; above vLLM suffix at every drafting level teacher-forced on SmolLM2, but 1.0-1.08x spec off on the
+    # embedded task where the longest match gave 1.11-1.31x: results/real/README.md); False: the longest match
+    global_sharing: bool = False  # draft from every prompt's finished responses in this engine (one counted corpus:
+    # answers to one task share their phrasing; suffix decoding's global tree; with scored, what puts SAM above
+    # suffix at its loosest settings teacher-forced on SmolLM2)
     max_global_tokens: int = 1 << 20  # that corpus's bound; beyond it, it keeps its newest responses (half the bound)
     own_bonus: int = 0  # match-length bonus of the request's own text over group material (negative: group wins)
     own_latest: bool = True  # own-text drafts copy what followed the match's latest earlier occurrence (False: its
@@ -330,7 +336,7 @@ class BatchDrafter:
     Its matchers into its group's sibling and history corpora are rows of the ``src_*`` arrays.
     """
 
-    SOURCES = 3  # siblings, history, every prompt's responses (in this order: the first wins a tie)
+    SOURCES = CORPUS_SOURCE.size  # siblings, history, every prompt's responses (in this order: the first wins a tie)
 
     def __init__(self, options: SAMOptions, k: int):
         self.options = options
@@ -420,8 +426,8 @@ class BatchDrafter:
         """:meth:`step`, each row drafting from the source whose draft gains the most under ``chance_table``
         (:meth:`sam.payoff.AcceptanceModel.conditional`) at ``token_cost`` accepted tokens per draft token sent
         (:func:`sam.automaton.step_rows`; no table: the longest match), returning per
-        row the draft buffer [rows, k], its length, whether it came from group material, its match length and each
-        token's evidence level [rows, k] (:mod:`sam.cells`; views, valid until the next step)."""
+        row the draft buffer [rows, k], its length, its source (:data:`sam.cells.OWN`, ...), its match length and
+        each token's evidence level [rows, k] (:mod:`sam.cells`; views, valid until the next step)."""
         rows = slots.shape[0]
         if self._out.shape[0] < rows:
             self._alloc_out(rows)

@@ -226,12 +226,15 @@ class SAMProposer:
             ks = np.clip(self.max_model_len - num_tokens - 1, 0, k)
         table = self.acceptance.conditional() if self.options.payoff else None
         idle = table is not None and self._nothing_can_pay(rows, table)
+        scored = table if self.options.scored else None  # what the drafter picks sources by (None: longest match)
         if idle:  # only shadow drafts, for a quarter of the requests whose last one settled: the model still learns
             learn = ~self.shadows.pending(slots) & ((slots + self.steps) % SHADOW_EVERY == 0)
             ks = np.where(learn, ks, 0)
         drafts, lengths, group, mlen, level = self.drafter.step_arrays(
-            slots, tokens, offsets, ks, table, self._token_cost
+            slots, tokens, offsets, ks, scored, self._token_cost
         )
+        if not self.options.scored:
+            level = np.zeros_like(level)  # acceptance counted by source and match band only
         if self.options.payoff:
             lengths = self._pay(rows, slots, drafts, lengths.astype(np.int64), group, mlen, level, idle)
         self.busy_s += self.clock() - now

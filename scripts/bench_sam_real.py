@@ -127,8 +127,11 @@ def sam_pass(groups: list[tuple[np.ndarray, list[np.ndarray]]], threshold: float
             slot = np.array([slots[g][r]])
             for pos in range(len(text) - 1):
                 buf, n, group, mlen, level = drafter.step_arrays(
-                    slot, text[pos : pos + 1], np.array([0, 1]), np.array([k]), model.conditional(), threshold
-                )
+                    slot, text[pos : pos + 1], np.array([0, 1]), np.array([k]),
+                    model.conditional() if drafter.options.scored else None, threshold,
+                )  # fmt: skip
+                if not drafter.options.scored:
+                    level = np.zeros_like(level)  # as the proposer counts unscored drafts
                 n = int(n[0])
                 positions += 1
                 if n == 0:
@@ -157,8 +160,9 @@ def step_cost(groups: list[tuple[np.ndarray, list[np.ndarray]]], prompts: int = 
     over ``prompts`` prompts' responses at once (8 x 8: 64 rows, one token per row per step, as a step without
     drafts feeds them), after a first epoch of the same prompts has filled the histories and the corpus of every
     prompt's responses; the steps with at least 32 rows, median and mean over ``repeats`` epochs (a mean includes
-    the recounts of group material as responses finish). With the payoff rule's chances (a fresh model's, at a cost
-    of 0.3 per draft token) and, for comparison, by the longest match alone."""
+    the recounts of group material as responses finish). Scored, with every prompt's responses (``scored``,
+    ``global_sharing``; a fresh model's chances, at a cost of 0.3 per draft token), and configs/spec/sam.yaml's
+    default (the longest match)."""
     from omegaconf import OmegaConf
 
     from recipe.dapo.config import spec_group
@@ -167,11 +171,13 @@ def step_cost(groups: list[tuple[np.ndarray, list[np.ndarray]]], prompts: int = 
 
     sam_cfg = spec_group("sam")
     k = int(sam_cfg.num_speculative_tokens)
-    options = SAMOptions.from_dict(OmegaConf.to_container(sam_cfg.sam))
+    defaults = OmegaConf.to_container(sam_cfg.sam)
     chosen = groups[:prompts]
     texts = [r for _, rs in chosen for r in rs]
     out = {}
-    for name, table in (("scored", AcceptanceModel(k).conditional()), ("longest_match", None)):
+    for name, over in (("scored", {"scored": True, "global_sharing": True}), ("longest_match", {})):
+        options = SAMOptions.from_dict({**defaults, **over})
+        table = AcceptanceModel(k).conditional() if options.scored else None
         drafter = BatchDrafter(options, k)
         times: list[float] = []
         for epoch in range(repeats + 1):
@@ -353,9 +359,10 @@ def main() -> None:
         "",
         "The compiled drafter's step over 8 of these prompts' 64 responses at once, after an epoch of them "
         "(`step_cost`: steps of at least 32 rows, one token per row, this CPU): "
-        f"{cost['scored']['median_ms']:.3f} ms median ({cost['scored']['mean_ms']:.3f} mean, with the recounts) picking "
-        f"each row's source by the learned chances, {cost['longest_match']['median_ms']:.3f} ms "
-        f"({cost['longest_match']['mean_ms']:.3f}) by the longest match.",
+        f"{cost['scored']['median_ms']:.3f} ms median ({cost['scored']['mean_ms']:.3f} mean, with the recounts) scored "
+        "with every prompt's responses (`scored`, `global_sharing`), "
+        f"{cost['longest_match']['median_ms']:.3f} ms ({cost['longest_match']['mean_ms']:.3f}) by the longest match "
+        "(the default).",
     ]
     (out / f"sam_teacher_forced{tag}.md").write_text("\n".join(tf) + "\n")
     print("\n".join(tf))

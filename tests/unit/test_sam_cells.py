@@ -6,7 +6,18 @@ import numpy as np
 import pytest
 
 from sam.automaton import MATCH_LAST
-from sam.cells import LEVELS, MATCH_BANDS, OWN_AGREED, OWN_ONCE, OWN_ONCE_SPLIT, OWN_SPLIT, SOURCES, counted_level
+from sam.cells import (
+    LEVELS,
+    MATCH_BANDS,
+    OWN,
+    OWN_AGREED,
+    OWN_ONCE,
+    OWN_ONCE_SPLIT,
+    OWN_SPLIT,
+    PROMPT_GROUP,
+    SOURCES,
+    counted_level,
+)
 from sam.payoff import AcceptanceModel
 from sam.policy import BatchDrafter, GlobalCorpus, SAMOptions
 
@@ -116,9 +127,9 @@ def test_counted_levels_band_support_then_share():
 
 
 def table(own: float, group: float) -> np.ndarray:
-    """A chance table with one conditional chance per source, everywhere."""
-    t = np.empty((SOURCES, MATCH_BANDS.size, LEVELS, K))
-    t[0], t[1] = own, group
+    """A chance table with one conditional chance for the request's own text and one for group material, everywhere."""
+    t = np.full((SOURCES, MATCH_BANDS.size, LEVELS, K), group)
+    t[OWN] = own
     return t
 
 
@@ -148,7 +159,7 @@ def test_the_source_is_the_one_whose_draft_gains_most_at_the_token_cost():
     # two middling own tokens against one sure group token: free, the own draft gains more (0.7 + 0.49 against
     # 0.9 + 0.09 + ...); at a cost of 0.5 per token sent the group's (0.9 - 0.5 against 0.7 - 0.5)
     one_sure = table(own=0.7, group=0.9)
-    one_sure[1, :, :, 1:] = 0.1
+    one_sure[PROMPT_GROUP, :, :, 1:] = 0.1
     assert source(one_sure, 0.0) == (0, [22, 9])
     assert source(one_sure, 0.5) == sibling_draft
 
@@ -157,7 +168,7 @@ def test_every_prompts_responses_draft_for_a_new_prompt_and_the_corpus_keeps_its
     answer = np.arange(30, 60, dtype=np.int32)
 
     def first_draft(**options) -> list[int]:
-        drafter = BatchDrafter(SAMOptions(min_match=2, **options), K)
+        drafter = BatchDrafter(SAMOptions(**{"min_match": 2, "global_sharing": True, **options}), K)
         slot = drafter.start(np.array([1, 2, 3], np.int32), b"a")
         drafter.step(np.array([slot]), answer, np.array([0, answer.size]), np.array([K]))
         drafter.finish(slot)
@@ -167,7 +178,7 @@ def test_every_prompts_responses_draft_for_a_new_prompt_and_the_corpus_keeps_its
     assert first_draft() == answer[3 : 3 + K].tolist()
     assert first_draft(global_sharing=False) == []
 
-    drafter = BatchDrafter(SAMOptions(min_match=2, max_global_tokens=100), K)
+    drafter = BatchDrafter(SAMOptions(min_match=2, global_sharing=True, max_global_tokens=100), K)
     corpus: GlobalCorpus = drafter.global_corpus
     running = drafter.start(np.array([9, 9, 9], np.int32), b"r")  # started before the corpus is rebuilt
     live = drafter.pool.live()

@@ -219,3 +219,14 @@ def test_where_nothing_can_pay_a_quarter_of_the_requests_get_shadow_drafts_and_t
     assert sum(calls[0]) < 0.4 * sum(calls[1])  # a quarter of the requests drafted for, or fewer ...
     a, b = (p.acceptance for p in proposers)
     assert 0.25 * b.observed <= a.observed < b.observed  # ... and their shadow drafts still settled
+
+
+def test_scored_drafting_counts_acceptance_by_evidence_level_and_the_default_by_source_and_band_only():
+    pinned = {"payoff": True, "batch_threshold": 256, "payoff_cost": [0.05, 0.001, 0.0002, 0.0, 0.0002]}
+    levels_used = {}
+    for scored in (False, True):
+        proposer = make_proposer(**pinned, scored=scored)
+        Driver(proposer, periodic_requests(6)).run()
+        counts = proposer.acceptance.reached - proposer.acceptance.reached.min()  # what was observed, per cell
+        levels_used[scored] = {int(v) for v in np.nonzero(counts.sum(axis=(0, 1, 3)))[0]}
+    assert levels_used[False] == {0} and len(levels_used[True]) > 1, levels_used
