@@ -455,10 +455,10 @@ def _draft_counted(
     A token's chance is its count over the match's count plus ``prior * (min_match / match length) ** decay`` (a
     continuation seen once after a short match is a guess, after a long one it is mostly right; one seen in 7 of 8
     responses is likely). The match is the longest suffix of the context the text holds or a shorter one (a suffix
-    link up, at least ``min_match`` long), whichever draft gains the most: under ``chance_table`` at ``token_cost``
-    for ``source`` as :func:`_draft_gain` scores it, or without a table by the sum of its estimated chances. A long match seen once
-    is often beaten by a short one that most responses continued the same way (suffix decoding, too, scores every
-    match length). Needs counts taken at ``n_text`` (:func:`_count`). Stops at a separator (negative token).
+    link up, at least ``min_match`` long), whichever draft gains the most under ``chance_table`` at ``token_cost``
+    for ``source`` as :func:`_draft_gain` scores it: a long match seen once is often beaten by a short one that most
+    responses continued the same way (suffix decoding, too, scores every match length). Without a table (``scored``
+    off), the longest match. Needs counts taken at ``n_text`` (:func:`_count`). Stops at a separator (negative token).
     Returns (tokens written, the match length they were drafted from).
     """
     if mlen < min_match or state == 0:
@@ -481,6 +481,8 @@ def _draft_counted(
             best_n, best_length, best, best_free = n, length, gain, free
             out[:n] = cand_out[:n]
             level[:n] = cand_level[:n]
+        if chance_table.size == 0:  # unscored: the longest match's draft
+            break
         state = _link(pf, cl, state)
         length = _length(cl, state)
     return best_n, best_length

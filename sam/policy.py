@@ -1,12 +1,13 @@
 """SAM drafting policy: per-request automata, sibling (group) and cross-epoch sharing, batch-size gate.
 
-Each request drafts from up to four sources and keeps the one with the longest match:
+Each request drafts from up to four sources and keeps the one with the longest match (with ``scored``, the one whose
+draft gains most under the payoff rule's learned chances, :func:`sam.automaton.step_rows`):
 - its own automaton over prompt + verified response tokens (SAM-Decoding's dynamic SAM);
 - ``siblings``: the finished responses of the other samples of the same prompt in this rollout (Seer's
   grouped drafting: siblings that finish early feed the long tail);
 - ``history``: responses to the same prompt from earlier rollouts (RhymeRL / SPEC-RL's cross-epoch reuse);
-- ``global``: every prompt's finished responses in this engine (suffix decoding's global tree: answers to one
-  task share their phrasing), counted like group material.
+- ``global`` (``global_sharing``): every prompt's finished responses in this engine (suffix decoding's global
+  tree: answers to one task share their phrasing), counted like group material.
 
 Group material lives in one automaton per prompt and source, with a unique negative separator after each
 response so no draft runs from one response into the next. It is counted each time it grows (a sibling

@@ -166,35 +166,28 @@ def test_rejects_bad_input_and_reports_memory():
 def oracle_frequent_draft(
     corpus: list[int], match: list[int], k: int, prior: float, min_prob: float, decay: float = 0.0
 ) -> list[int]:
-    """Brute force of drafting by counts from every suffix of ``match`` (min_match 1), keeping the draft whose
-    chances sum highest (the longest suffix on ties): extend the suffix by the continuation most of its occurrences
-    in ``corpus`` take (latest occurrence on ties; separators are never drafted) while the product of count /
-    (count of the suffix so far + prior / (its length so far) ** decay) stays >= min_prob."""
-    best: list[int] = []
-    best_score = -1.0
-    for length in range(len(match), 0, -1):
-        draft: list[int] = []
-        chance, score = 1.0, 0.0
-        w = list(match[len(match) - length :])
-        while len(draft) < k:
-            ends = [e for e in range(len(w) - 1, len(corpus)) if corpus[e - len(w) + 1 : e + 1] == w]
-            nxt: dict[int, list[int]] = {}
-            for e in ends:
-                if e + 1 < len(corpus):
-                    nxt.setdefault(corpus[e + 1], []).append(e + 1)
-            candidates = [(len(es), max(es), t) for t, es in nxt.items() if t >= 0]
-            if not candidates:
-                break
-            count, _, tok = max(candidates)
-            chance *= count / (len(ends) + prior / len(w) ** decay)
-            if chance < min_prob:
-                break
-            draft.append(tok)
-            score += chance
-            w.append(tok)
-        if draft and score > best_score:
-            best, best_score = draft, score
-    return best
+    """Brute force of drafting by counts: extend ``match`` by the continuation most of its occurrences in
+    ``corpus`` take (latest occurrence on ties; separators are never drafted) while the product of count /
+    (count of the match so far + prior / (length of the match so far) ** decay) stays >= min_prob (min_match 1)."""
+    draft: list[int] = []
+    chance = 1.0
+    w = list(match)
+    while len(draft) < k:
+        ends = [e for e in range(len(w) - 1, len(corpus)) if corpus[e - len(w) + 1 : e + 1] == w]
+        nxt: dict[int, list[int]] = {}
+        for e in ends:
+            if e + 1 < len(corpus):
+                nxt.setdefault(corpus[e + 1], []).append(e + 1)
+        candidates = [(len(es), max(es), t) for t, es in nxt.items() if t >= 0]
+        if not candidates:
+            break
+        count, _, tok = max(candidates)
+        chance *= count / (len(ends) + prior / len(w) ** decay)
+        if chance < min_prob:
+            break
+        draft.append(tok)
+        w.append(tok)
+    return draft
 
 
 @pytest.mark.parametrize("alphabet", [2, 3, 6])
