@@ -13,8 +13,8 @@ are active; default ``--gate``), ``/kK`` its draft length cap K, ``/s<B>x<K>`` a
 (vLLM's ``num_speculative_tokens_per_batch_size``; any model-free mode), and ``/<letter><value>`` a SAM option
 (SAM_MODE_OPTIONS: ``/t`` tokens per match, ``/l`` lead tokens, ``/m`` min match, ``/o`` own bonus, ``/p`` min token
 prob, ``/d`` prior decay, ``/c0`` first-occurrence drafts from group material, ``/r0`` from the request's own text,
-``/y0`` every draft the match rules give instead of the payoff rule's, ``/g0`` no drafts from other prompts'
-responses; defaults: configs/spec/<method>.yaml).
+``/y0`` every draft the match rules give instead of the payoff rule's, ``/g1`` drafts from every prompt's
+responses too, ``/e1`` sources picked by the learned chances (``scored``); defaults: configs/spec/<method>.yaml).
 ``noop`` is vLLM's speculative path with a proposer that never drafts: the cost of the path itself.
 
     .venv/bin/python scripts/bench_rollout.py [--prompts 16 --n 8 --modes off,sam+group+epoch@256/k4/t1]
@@ -70,6 +70,7 @@ SAM_MODE_OPTIONS = {  # letter of a SAM mode's "/<letter><value>" suffix -> (SAM
     "r": ("own_latest", lambda v: bool(int(v))),
     "y": ("payoff", lambda v: bool(int(v))),
     "g": ("global_sharing", lambda v: bool(int(v))),
+    "e": ("scored", lambda v: bool(int(v))),
 }
 
 

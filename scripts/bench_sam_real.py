@@ -200,11 +200,13 @@ def step_cost(groups: list[tuple[np.ndarray, list[np.ndarray]]], prompts: int = 
 
 
 def teacher_forced_sweep(groups: list[tuple[np.ndarray, list[np.ndarray]]], sam_options: dict) -> dict:
-    """Accepted and drafted tokens per position for SAM at each of SAM_THRESHOLDS (a pass each: the threshold also
-    picks each row's source) and suffix at each of SUFFIX_MIN_TOKEN_PROBS."""
+    """Accepted and drafted tokens per position for SAM at each of SAM_THRESHOLDS (a pass each: with ``scored``, the
+    threshold also picks each row's source) and suffix at each of SUFFIX_MIN_TOKEN_PROBS."""
     from arctic_inference.suffix_decoding import SuffixDecodingCache
+    from omegaconf import OmegaConf
 
     from recipe.dapo.config import spec_group
+    from sam.policy import SAMOptions
 
     k = int(spec_group("sam").num_speculative_tokens)
     rows = [sam_pass(groups, t, sam_options) for t in SAM_THRESHOLDS]
@@ -248,7 +250,8 @@ def teacher_forced_sweep(groups: list[tuple[np.ndarray, list[np.ndarray]]], sam_
     for row in rows:
         if row["drafter"] == "suffix" and xs[0] <= row["drafted_per_position"] <= xs[-1]:
             row["sam_at_equal_drafting"] = float(np.interp(row["drafted_per_position"], xs, ys))
-    return {"k": k, "rows": rows}
+    scored = SAMOptions.from_dict({**OmegaConf.to_container(spec_group("sam").sam), **sam_options}).scored
+    return {"k": k, "scored": scored, "rows": rows}
 
 
 def main() -> None:
@@ -337,8 +340,13 @@ def main() -> None:
         f"Produced by `.venv/bin/python scripts/bench_sam_real.py --prompts {args.prompts} --n {args.n} --split "
         f"{args.split}{options_flags}` on the same {meta['tokens']:,} tokens (temperature 1; prompts of the word problems' "
         f"{args.split} split), K = {sweep['k']}. SAM: configs/spec/sam.yaml's options{over}, one pass per threshold: the "
-        "payoff rule's cut at that cost per draft token (each row drafts from the source whose draft gains most at "
-        "that cost under the learned chances, and sends the tokens whose learned chance exceeds it); suffix: Arctic's "
+        "payoff rule's cut at that cost per draft token (each row drafts "
+        + (
+            "from the source whose draft gains most at that cost under the learned chances"
+            if sweep["scored"]
+            else "from the source with the longest match (`scored: false`)"
+        )
+        + ", and sends the tokens whose learned chance exceeds it); suffix: Arctic's "
         "cache with configs/spec/suffix.yaml's options at each min_token_prob. SAM at suffix's drafting: SAM's "
         "accepted tokens per position interpolated at the drafted tokens per position of each suffix row.",
         "",
