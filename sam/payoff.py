@@ -23,8 +23,8 @@ Both sides are learned online in the proposer, from what vLLM reports anyway:
   chance is at least ``EXPLORE_CHANCE`` whatever the cost says: a one-off price per engine. (Restricted to steps of
   at most 8 requests, it rarely ran, and the embedded model's rollouts fell to 0.90-0.98x spec off from 1.41-1.55x.)
 - :class:`AcceptanceModel`: the chance that draft position ``j`` is accepted given the positions before it were,
-  counted per source (the request's own text or group material), match-length band and the token's evidence level
-  (:mod:`sam.cells`). It learns from
+  counted per source (the request's own text, its prompt's responses, every prompt's), match-length band and, with
+  ``scored``, the token's evidence level (:mod:`sam.cells`). It learns from
   *shadow drafts* (:class:`ShadowDrafts`): every request's full draft, sent or not, checked against the tokens the
   request then verifies, so chances are known at batch sizes where nothing has been drafted yet (a rule that learned
   only from sent drafts would never learn where its prior says no). Verified tokens are what spec off would sample
@@ -49,7 +49,8 @@ SHADOW_EVERY = 4  # where no draft token can pay, a request is drafted for (a sh
 class AcceptanceModel:
     """Conditional acceptance per (source, match band, evidence level, draft position), from verified drafts: the
     evidence level (:mod:`sam.cells`) separates, within a band, a continuation most responses took from one seen
-    once, which the band alone mixed (teacher-forced on SmolLM2: results/real/sam_teacher_forced.md)."""
+    once, which the band alone mixed (teacher-forced on SmolLM2: results/real/README.md, "Scored drafting"). Unscored
+    drafts all count at level 0."""
 
     def __init__(self, k: int, prior_mean: float = 0.05, prior_weight: float = 4.0) -> None:
         # a pessimistic prior: a cell never seen is not worth drafting (with 0.3, drafts from rarely seen bands were
