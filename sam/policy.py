@@ -69,10 +69,8 @@ class SAMOptions:
     # as long as its estimated chance holds (False: the first earlier occurrence, by the match-length rule)
     count_prior: float = 1.0  # drafts from group material: a continuation's chance is its count over the match's
     # count plus this (seen once: 1/2; in 7 of 8 responses: 7/9) ...
-    prior_decay: float = (
-        1.0  # ... times (min_match_counted / match length) ** this: a continuation seen once after a long
-    )
-    # match is mostly right (0: the same prior at every length, which stops such drafts after 4 tokens at 0.05)
+    prior_decay: float = 1.0  # ... times (min_match_counted / match length) ** this: a continuation seen once after
+    # a long match is mostly right (0: the same prior at every length, which stops such drafts after 4 tokens at 0.05)
     min_token_prob: float = 0.05  # drafts from group material stop where the whole draft's estimated chance falls
     # below this
     payoff: bool = True  # keep a draft token only where its learned chance of acceptance pays for its learned

@@ -165,12 +165,12 @@ class SAMProposer:
         self.shadows.resolve(slots, tokens, offsets, self.acceptance)
 
     def _pay(self, rows: int, slots, drafts, lengths, group, mlen, level, idle: bool) -> np.ndarray:
-        """The payoff rule's draft lengths (nothing until the step cost is learned or where nothing can pay,
-        ``idle``; the likely tokens on exploring steps while drafting's cost is unknown); each full draft also becomes
-        its request's shadow if none is pending."""
+        """The payoff rule's draft lengths (nothing where nothing can pay, ``idle``, :meth:`_nothing_can_pay`, which
+        holds until the step cost is learned; the likely tokens on exploring steps while drafting's cost is unknown);
+        each full draft also becomes its request's shadow if none is pending."""
         band = self.acceptance.band(mlen)
         self.shadows.start(slots, drafts, lengths, group, band, level)
-        if idle or not self.step_cost.known:
+        if idle:
             lengths = np.zeros_like(lengths)
         elif self.step_cost.exploring and self.steps % EXPLORE_EVERY == 0:
             likely = np.arange(self.k)[None, :] < lengths[:, None]
