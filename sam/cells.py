@@ -4,11 +4,12 @@ band, per draft token its evidence level (what the drafter's text says of that t
 the model share one definition.
 
 Evidence levels: a token drafted from the request's own text (copied from the match's latest earlier occurrence) is
-at :data:`OWN_ONCE`, :data:`OWN_AGREED` or :data:`OWN_SPLIT` (the text up to it seen once before; several times,
-always going on the same way; several times, going on in several ways). A token drafted from counted group material
+at :data:`OWN_ONCE`, :data:`OWN_ONCE_SPLIT`, :data:`OWN_AGREED` or :data:`OWN_SPLIT` (the text up to it seen once
+before; seen once, but a shorter context went on in several ways; several times, always going on the same way;
+several times, going on in several ways). A token drafted from counted group material
 is at a level set by how often the text up to it occurred (its support) and the share of those occurrences that went
 on with it: a continuation seen once after a long match and one that 30 of 40 responses took differ, and a share
-shrunk by a prior cannot tell them apart (teacher-forced on SmolLM2, results/real/sam_teacher_forced.md)."""
+shrunk by a prior cannot tell them apart (teacher-forced on SmolLM2: results/real/README.md, "Scored drafting")."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ CORPUS_SOURCE = np.array([PROMPT_GROUP, PROMPT_GROUP, EVERY_PROMPT], dtype=np.in
 # a request matches, in the drafter's column order (sam.policy.BatchDrafter: siblings, history, every prompt's)
 MATCH_BANDS = np.array([0, 2, 3, 4, 6, 9, 16], dtype=np.int64)  # match-length band edges: [1], [2], [3], [4, 5], ...
 OWN_ONCE, OWN_ONCE_SPLIT, OWN_AGREED, OWN_SPLIT = range(4)  # own-text evidence levels
-OWN_LEVELS = 4
+OWN_LEVELS = OWN_SPLIT + 1
 SUPPORT_BANDS = np.array([2, 4, 8], dtype=np.int64)  # a counted token's support: 1, 2-3, 4-7, 8+ occurrences
 SHARE_BANDS = np.array([0.5, 0.75, 0.9])  # ... and its share of them: < 0.5, 0.5-0.75, 0.75-0.9, 0.9+
 LEVELS = OWN_LEVELS + (SUPPORT_BANDS.size + 1) * (SHARE_BANDS.size + 1)
