@@ -601,7 +601,8 @@ def step_rows(
     ``min(ks[r], ceil(tokens_per_match * (match - min_match + 1)))`` tokens; nothing below ``min_match``.
     ``out_group[r]`` is the draft's source (:data:`sam.cells.OWN`, ...), ``out_mlen[r]`` its match length and
     ``out_level[r, j]`` token ``j``'s evidence level (:func:`_own_evidence`, :func:`sam.cells.counted_level`): the
-    cells of the payoff rule's model, :mod:`sam.cells`.
+    cells of the payoff rule's model, :mod:`sam.cells`. Without a table every level is 0: unscored drafts are
+    counted by source and match band only, and the own-text levels' walk is skipped.
     """
     table = np.zeros((0, 0, 0, 0)) if chance_table is None else np.ascontiguousarray(chance_table, dtype=np.float64)
     _step_rows(
@@ -661,9 +662,10 @@ def _step_rows(
             cand_level[:] = OWN_ONCE
             if own_latest:
                 n = _draft_recent(pf, n_text, meta[MATCH_LAST], kk, cand)
-                _own_evidence(
-                    pf, cl_l[s], table_l[s], n_text, meta[MATCH_STATE], mlen, meta[MATCH_LAST], cand, n, cand_level
-                )
+                if scored:
+                    _own_evidence(
+                        pf, cl_l[s], table_l[s], n_text, meta[MATCH_STATE], mlen, meta[MATCH_LAST], cand, n, cand_level
+                    )
             else:
                 n = _draft_slot(pf_l, cl_l, meta_l, s, meta[MATCH_STATE], mlen, kk, min_match, cand)
             gain, free = mlen + own_bonus, 0.0
@@ -712,7 +714,10 @@ def _step_rows(
                 best, best_free = gain, free
                 out_n[r], out_mlen[r], out_group[r] = n, mlen, CORPUS_SOURCE[j]
                 out[r, :n] = cand[:n]
-                out_level[r, :] = cand_level
+                if scored:
+                    out_level[r, :] = cand_level
+                else:
+                    out_level[r, :] = OWN_ONCE
 
 
 def _hash_slots(edges: int) -> int:

@@ -81,31 +81,52 @@ class AcceptanceModel:
         before it was (what the drafting kernel scores candidate drafts by)."""
         return self.accepted / self.reached
 
-    def _cells(self, group: np.ndarray, band: np.ndarray, level: np.ndarray) -> tuple:
-        return group[:, None], band[:, None], level, np.arange(self.reached.shape[3])[None, :]
-
     def chances(self, group: np.ndarray, band: np.ndarray, level: np.ndarray) -> np.ndarray:
         """[rows, k]: the chance that the first j + 1 draft tokens of each row are all accepted (``level``: [rows, k]
         evidence levels)."""
-        cells = self._cells(group, band, level)
+        cells = group[:, None], band[:, None], level, np.arange(self.reached.shape[3])[None, :]
         return np.cumprod(self.accepted[cells] / self.reached[cells], axis=1)
 
     def observe(
         self, group: np.ndarray, band: np.ndarray, level: np.ndarray, drafted: np.ndarray, accepted: np.ndarray
     ) -> None:
         """Rows that drafted ``drafted`` tokens of which the first ``accepted`` were accepted."""
-        pos = np.arange(self.reached.shape[3])
-        reached = pos[None, :] <= np.minimum(accepted, drafted - 1)[:, None]  # verified with all before accepted
-        hit = pos[None, :] < accepted[:, None]
-        cells = self._cells(group, band, level)
-        np.add.at(self.reached, cells, reached)
-        np.add.at(self.accepted, cells, hit)
+        _count_drafts(self.reached, self.accepted, group, band, level, drafted, accepted)
         self.observed += int(drafted.size)
 
 
-def features(rows: int, drafted: int) -> np.ndarray:
-    switched = float(drafted > 0)
-    return np.array([1.0, rows, drafted, switched, switched * rows])
+@nb.njit(cache=True)
+def _count_drafts(reached, accepted, group, band, level, drafted, hits) -> None:
+    for r in range(drafted.shape[0]):
+        _count_draft(reached, accepted, group[r], band[r], level[r], drafted[r], hits[r])
+
+
+@nb.njit(cache=True, inline="always")
+def _count_draft(reached, accepted, group, band, level, drafted, hits) -> None:
+    """One settled draft of ``drafted`` tokens whose first ``hits`` were accepted, into the acceptance counts: each
+    position verified with every token before it accepted is reached, each of the first ``hits`` accepted."""
+    for j in range(min(hits, drafted - 1) + 1):
+        reached[group, band, level[j], j] += 1.0
+        if j < hits:
+            accepted[group, band, level[j], j] += 1.0
+
+
+SOLVE_EVERY = (4, 16)  # the cost fit is solved every this many observed steps: the first while the fit is young
+SOLVE_YOUNG = 64  # (fewer observed steps than this), then the second; a solve takes 0.3 ms in a vLLM step whose
+# forward has just evicted the caches (24 us warm), half the proposer's other work at 64 requests (results/real/README.md)
+
+
+@nb.njit(cache=True)
+def _forget_and_add(xtx, xty, decay, rows, drafted, seconds) -> None:
+    """``xtx = decay * xtx + x x'`` and ``xty = decay * xty + x * seconds``, in place, for a step's features ``x``
+    (:class:`StepCost`'s terms: 1, rows, drafted, switched, switched * rows): one compiled call instead of a dozen
+    array operations, each of them cache misses after the engine's forward."""
+    switched = 1.0 if drafted > 0 else 0.0
+    x = (1.0, float(rows), float(drafted), switched, switched * rows)
+    for i in range(5):
+        xty[i] = decay * xty[i] + x[i] * seconds
+        for j in range(5):
+            xtx[i, j] = decay * xtx[i, j] + x[i] * x[j]
 
 
 class StepCost:
@@ -123,18 +144,18 @@ class StepCost:
         self.drafted_steps = 0  # observed steps that carried drafts (what c, e and f are learned from)
 
     def seconds(self, rows: int, drafted: int) -> float:
-        return float(self.coef @ features(rows, drafted))
+        a, b, c, e, f = self.coef.tolist()
+        return a + b * rows + c * drafted + (e + f * rows) * (drafted > 0)
 
     def observe(self, rows: int, drafted: int, seconds: float) -> None:
         if self.steps >= 8:  # a stall (another process, a pause) must not teach that drafts are dear or free
             seconds = min(seconds, 4.0 * self.seconds(rows, drafted) + 1e-4)
-        x = features(rows, drafted)
-        self.xtx = self.decay * self.xtx + np.outer(x, x)
-        self.xty = self.decay * self.xty + x * seconds
+        _forget_and_add(self.xtx, self.xty, self.decay, rows, drafted, seconds)
         self.steps = self.decay * self.steps + 1.0
         self.drafted_steps += int(drafted > 0)
         self._observed += 1
-        if self._observed % 4 == 0 or self.steps < 16:  # the solve costs more than the step's other drafting work
+        every = SOLVE_EVERY[self._observed >= SOLVE_YOUNG]
+        if self._observed % every == 0 or self.steps < 16:
             self._solve()
 
     def _solve(self) -> None:
@@ -225,9 +246,10 @@ def payoff_cut(
 
 
 @nb.njit(cache=True)
-def _advance_shadows(slots, tok_flat, tok_off, buf, n, pos, out_slot, out_n, out_acc) -> int:
-    """Check each row's newly verified tokens against its slot's pending shadow draft; a draft is resolved at its
-    first mismatch or when every token matched. Writes resolved (slot, drafted, accepted) and returns how many."""
+def _advance_shadows(slots, tok_flat, tok_off, buf, n, pos, group, band, level, reached, accepted) -> int:
+    """Check each row's newly verified tokens against its slot's pending shadow draft; a draft is settled at its
+    first mismatch or when every token matched, and counted into the acceptance model's ``reached`` and ``accepted``
+    (:meth:`AcceptanceModel.observe`'s counts, in place). Returns how many drafts settled."""
     done = 0
     for r in range(slots.shape[0]):
         s = slots[r]
@@ -238,12 +260,34 @@ def _advance_shadows(slots, tok_flat, tok_off, buf, n, pos, out_slot, out_n, out
                 pos[s] += 1
                 if pos[s] < n[s]:
                     continue
-            out_slot[done], out_n[done], out_acc[done] = s, n[s], pos[s]
+            _count_draft(reached, accepted, group[s], band[s], level[s], n[s], pos[s])
             done += 1
             n[s] = 0
             pos[s] = 0
             break
     return done
+
+
+@nb.njit(cache=True)
+def _start_shadows(slots, drafts, lengths, group, band, level, buf, n, pos, s_group, s_band, s_level) -> None:
+    for r in range(slots.shape[0]):
+        s = slots[r]
+        if s < 0 or lengths[r] <= 0 or n[s] > 0:
+            continue
+        buf[s, :] = drafts[r]
+        n[s] = lengths[r]
+        pos[s] = 0
+        s_group[s] = group[r]
+        s_band[s] = band[r]
+        s_level[s, :] = level[r]
+
+
+@nb.njit(cache=True)
+def _shadow_turns(slots, ks, n, step, every) -> None:
+    for r in range(slots.shape[0]):
+        s = slots[r]
+        if s >= 0 and (n[s] > 0 or (s + step) % every != 0):
+            ks[r] = 0
 
 
 class ShadowDrafts:
@@ -258,7 +302,8 @@ class ShadowDrafts:
         self.band = np.zeros(size, dtype=np.int64)
         self.level = np.zeros((size, k), dtype=np.int64)
 
-    def _fit(self, size: int) -> None:
+    def _fit(self, slots: np.ndarray) -> None:
+        size = int(slots.max()) + 1 if slots.size else 0
         if size <= self.n.size:
             return
         grow = max(size, 2 * self.n.size) - self.n.size
@@ -269,17 +314,12 @@ class ShadowDrafts:
         )
 
     def resolve(self, slots: np.ndarray, tokens: np.ndarray, offsets: np.ndarray, model: AcceptanceModel) -> None:
-        """Feed each row's newly verified tokens; drafts they settle go to ``model``."""
-        if slots.size:
-            self._fit(int(slots.max()) + 1)
-        rows = slots.shape[0]
-        out_slot = np.empty(rows, dtype=np.int64)
-        out_n = np.empty(rows, dtype=np.int64)
-        out_acc = np.empty(rows, dtype=np.int64)
-        done = _advance_shadows(slots, tokens, offsets, self.buf, self.n, self.pos, out_slot, out_n, out_acc)
-        if done:
-            s = out_slot[:done]
-            model.observe(self.group[s], self.band[s], self.level[s], out_n[:done], out_acc[:done])
+        """Feed each row's newly verified tokens; drafts they settle are counted in ``model``."""
+        self._fit(slots)
+        model.observed += _advance_shadows(
+            slots, tokens, offsets, self.buf, self.n, self.pos, self.group, self.band, self.level, model.reached,
+            model.accepted,
+        )  # fmt: skip
 
     def start(
         self,
@@ -291,26 +331,19 @@ class ShadowDrafts:
         level: np.ndarray,
     ) -> None:
         """Rows whose slot has no pending draft take this step's full draft as their shadow."""
-        live = slots >= 0
-        if not live.any():
-            return
-        self._fit(int(slots.max()) + 1)
-        rows = np.flatnonzero(live & (lengths > 0))
-        rows = rows[self.n[slots[rows]] == 0]
-        s = slots[rows]
-        self.buf[s] = drafts[rows]
-        self.n[s] = lengths[rows]
-        self.pos[s] = 0
-        self.group[s] = group[rows]
-        self.band[s] = band[rows]
-        self.level[s] = level[rows]
+        self._fit(slots)
+        _start_shadows(
+            slots, drafts, lengths, group, band, level, self.buf, self.n, self.pos, self.group, self.band, self.level
+        )
 
-    def pending(self, slots: np.ndarray) -> np.ndarray:
-        """Per row, whether its slot has a draft not yet settled (-1: no request)."""
-        inside = (slots >= 0) & (slots < self.n.size)
-        out = np.zeros(slots.shape, dtype=bool)
-        out[inside] = self.n[slots[inside]] > 0
-        return out
+    def turns(self, slots: np.ndarray, ks: np.ndarray, step: int) -> np.ndarray:
+        """Draft budgets ``ks`` for a step where nothing can pay: only the requests with no draft pending whose turn it
+        is (one step in :data:`SHADOW_EVERY`) draft, for their shadow; the model still learns, at a quarter of the
+        drafting work."""
+        self._fit(slots)
+        ks = ks.copy()
+        _shadow_turns(slots, ks, self.n, step, SHADOW_EVERY)
+        return ks
 
     def forget(self, slot: int) -> None:
         """A slot that is freed (its request finished) drops its pending draft."""

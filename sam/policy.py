@@ -452,4 +452,6 @@ class BatchDrafter:
 
 def draft_lists(drafts: np.ndarray, lengths: np.ndarray) -> list[list[int]]:
     """vLLM's per-row draft lists from a draft buffer and lengths."""
+    if not lengths.any():  # most steps where nothing pays: no buffer to convert
+        return [[] for _ in range(lengths.shape[0])]
     return [d[:n] for d, n in zip(drafts.tolist(), lengths.tolist(), strict=True)]

@@ -26,7 +26,6 @@ from sam.keys import prompt_key
 from sam.payoff import (
     EXPLORE_CHANCE,
     EXPLORE_EVERY,
-    SHADOW_EVERY,
     AcceptanceModel,
     PinnedStepCost,
     ShadowDrafts,
@@ -189,7 +188,7 @@ class SAMProposer:
         cell's first token beats the lowest threshold the payoff cut can have (``c * rows / seconds`` of the step
         without drafts: taking a token raises it), and this is no exploring step (a big batch on a compute-bound
         engine: most steps). Then only shadow drafts are made, for a quarter of the requests that need one
-        (:data:`SHADOW_EVERY`): the drafter's work on such a step is pure cost."""
+        (:data:`sam.payoff.SHADOW_EVERY`): the drafter's work on such a step is pure cost."""
         if not self.step_cost.known:
             return True
         if self.step_cost.exploring and self.steps % EXPLORE_EVERY == 0:
@@ -227,14 +226,11 @@ class SAMProposer:
         table = self.acceptance.conditional() if self.options.payoff else None
         idle = table is not None and self._nothing_can_pay(rows, table)
         scored = table if self.options.scored else None  # what the drafter picks sources by (None: longest match)
-        if idle:  # only shadow drafts, for a quarter of the requests whose last one settled: the model still learns
-            learn = ~self.shadows.pending(slots) & ((slots + self.steps) % SHADOW_EVERY == 0)
-            ks = np.where(learn, ks, 0)
+        if idle:
+            ks = self.shadows.turns(slots, ks, self.steps)
         drafts, lengths, group, mlen, level = self.drafter.step_arrays(
             slots, tokens, offsets, ks, scored, self._token_cost
         )
-        if not self.options.scored:
-            level = np.zeros_like(level)  # acceptance counted by source and match band only
         if self.options.payoff:
             lengths = self._pay(rows, slots, drafts, lengths.astype(np.int64), group, mlen, level, idle)
         self.busy_s += self.clock() - now

@@ -130,8 +130,6 @@ def sam_pass(groups: list[tuple[np.ndarray, list[np.ndarray]]], threshold: float
                     slot, text[pos : pos + 1], np.array([0, 1]), np.array([k]),
                     model.conditional() if drafter.options.scored else None, threshold,
                 )  # fmt: skip
-                if not drafter.options.scored:
-                    level = np.zeros_like(level)  # as the proposer counts unscored drafts
                 n = int(n[0])
                 positions += 1
                 if n == 0:

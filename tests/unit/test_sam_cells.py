@@ -23,6 +23,7 @@ from sam.policy import BatchDrafter, GlobalCorpus, SAMOptions
 
 K = 6
 ALONE = {"group_sharing": False, "cross_epoch": False, "global_sharing": False}
+PRIOR_TABLE = AcceptanceModel(K).conditional()  # the kernel reads evidence levels only when it scores drafts
 
 
 def ends_of(text: list[int], s: list[int]) -> list[int]:
@@ -57,7 +58,7 @@ def own_text_levels(text: list[int]) -> tuple[list[int], list[int]]:
     slot = drafter.start(np.array(text[:1], np.int32), b"p")
     drafter.step_arrays(np.array([slot]), np.array(text[1:-1], np.int32), np.array([0, len(text) - 2]), np.array([K]))
     out, n, group, mlen, level = drafter.step_arrays(
-        np.array([slot]), np.array(text[-1:], np.int32), np.array([0, 1]), np.array([K])
+        np.array([slot]), np.array(text[-1:], np.int32), np.array([0, 1]), np.array([K]), PRIOR_TABLE
     )
     n = int(n[0])
     if n == 0:
@@ -105,7 +106,8 @@ def test_counted_levels_are_the_support_and_share_of_the_text_up_to_each_token()
             drafter.finish(slot)
         corpus = drafter.groups.groups[b"p"].siblings.automaton.text().tolist()
         own = rng.integers(10, 14, size=int(rng.integers(1, 6))).astype(np.int32)
-        out, n, group, mlen, level = drafter.step_arrays(np.array([probe]), own, np.array([0, own.size]), np.array([K]))
+        args = np.array([probe]), own, np.array([0, own.size]), np.array([K])
+        out, n, group, mlen, level = drafter.step_arrays(*args, PRIOR_TABLE)
         if n[0] == 0 or group[0] != 1:
             continue
         context = prompt.tolist() + own.tolist()
@@ -117,6 +119,34 @@ def test_counted_levels_are_the_support_and_share_of_the_text_up_to_each_token()
             assert level[0, j] == counted_level(count, len(ends)), (corpus, s, draft, j)
             checked += 1
     assert checked > 50
+
+
+def test_unscored_drafts_count_every_token_at_level_zero():
+    """Without a table the kernel skips the evidence walk: every draft token is at level 0, the band-only cells the
+    default payoff rule counts in; the same drafts scored carry their levels."""
+    rng = np.random.default_rng(3)
+    prompt = np.array([1, 2, 3], np.int32)
+    unscored_drafts = levelled = 0
+    for _ in range(30):
+        siblings = [rng.integers(10, 13, size=int(rng.integers(4, 20))).astype(np.int32) for _ in range(3)]
+        own = rng.integers(10, 13, size=int(rng.integers(2, 12))).astype(np.int32)
+        outs = []
+        for table in (None, PRIOR_TABLE):
+            drafter = BatchDrafter(SAMOptions(min_match=1, cross_epoch=False, global_sharing=False), K)
+            probe = drafter.start(prompt, b"p")
+            for response in siblings:
+                slot = drafter.start(prompt, b"p")
+                drafter.step(np.array([slot]), response, np.array([0, response.size]), np.array([K]))
+                drafter.finish(slot)
+            _, n, _, _, level = drafter.step_arrays(
+                np.array([probe]), own, np.array([0, own.size]), np.array([K]), table
+            )
+            outs.append(level[0, : n[0]].copy())
+        unscored, scored = outs
+        assert (unscored == 0).all(), unscored
+        unscored_drafts += unscored.size > 0
+        levelled += bool((scored != 0).any())
+    assert unscored_drafts > 10 and levelled > 10, (unscored_drafts, levelled)
 
 
 def test_counted_levels_band_support_then_share():

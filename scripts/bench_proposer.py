@@ -1,0 +1,173 @@
+"""SAM's proposer time per engine step, as vLLM drives it, with the caches warm and as the engine's forward leaves them.
+
+Inside vLLM the proposer took 0.75-1.4 ms per step at 64 requests on SmolLM2 while the same calls back to back took
+0.2-0.3 ms. This drives :class:`sam.vllm.SAMProposer` over the real model's cached rollouts (``--prompts`` x ``--n``
+requests at once, one sampled token per request per step, as steps without drafts feed it; ``--epochs`` passes over
+the same prompts, each with other responses of the cache, so from the second on a prompt's history holds what the
+model sampled for it before, not the text it is about to sample) in two ways, side by side:
+- ``back to back``: nothing runs between two ``propose`` calls;
+- ``after a forward``: between two calls, a stack of float32 matrix products over ``--evict-mb`` MiB of weights with
+  one row per request, on torch's threads, as an engine's decode step reads its weights (SmolLM2-135M in float32 is
+  540 MB) and evicts what the proposer touched.
+The engine's step time is simulated in both (the proposer's clock advances by ``STEP_COST``, this CPU's cost of a
+SmolLM2 step), so the payoff rule takes the same decisions in both and only the caches differ. Milliseconds per call
+over the steps with at least ``--min-rows`` requests from the second epoch on, median and mean, and the share of those
+steps where nothing could pay (the proposer only ingested tokens and made shadow drafts).
+
+    .venv/bin/python scripts/bench_proposer.py   # -> results/real/proposer_cost.{md,json}
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+sys.path.insert(0, str(REPO_ROOT / "scripts"))
+
+STEP_COST = (0.022, 0.0007, 0.0007, 0.01, 0.0004)  # a, b, c, e, f (sam/payoff.py) seconds: a SmolLM2 step on this CPU
+# in float32, 67 ms at 64 requests; a draft token costs a request's token, the switch to verification 56% at 64
+# (results/real/verify_cost.md)
+
+
+class SimulatedClock:
+    """The proposer's clock: advanced by the simulated engine step between two calls."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, rows: int, drafted: int) -> None:
+        a, b, c, e, f = STEP_COST
+        self.now += a + b * rows + c * drafted + (e + f * rows) * (drafted > 0)
+
+
+def proposer(k: int, max_len: int, rows: int):
+    from omegaconf import OmegaConf
+
+    from recipe.dapo.config import spec_group
+    from sam.vllm import SAMProposer
+
+    cfg = SimpleNamespace(
+        speculative_config=SimpleNamespace(num_speculative_tokens=k, num_speculative_tokens_per_batch_size=None),
+        model_config=SimpleNamespace(max_model_len=max_len),
+        scheduler_config=SimpleNamespace(max_num_seqs=max(rows, 256)),
+        additional_config={"sam": OmegaConf.to_container(spec_group("sam").sam)},
+    )
+    return SAMProposer(cfg)
+
+
+def drive(groups, n: int, epochs: int, evict_mb: int, min_rows: int) -> dict:
+    """``n`` responses of every prompt decoded together, other ones in each of ``epochs`` passes; ms per
+    ``propose`` call."""
+    import torch
+
+    from recipe.dapo.config import spec_group
+
+    k = int(spec_group("sam").num_speculative_tokens)
+    max_len = max(p.size + r.size for p, rs in groups for r in rs) + 8
+    rows = len(groups) * n
+    sam = proposer(k, max_len, rows)
+    clock = SimulatedClock()
+    sam.clock = clock
+    side = 2048
+    weights = [torch.randn(side, side) for _ in range(max(1, evict_mb * 2**20 // (4 * side * side)))]
+    times, idle = [], []
+    for epoch in range(epochs):
+        requests = [(p, r) for p, rs in groups for r in rs[epoch * n : (epoch + 1) * n]]
+        ids = [f"{epoch}-{i}" for i in range(len(requests))]
+        runner = SimpleNamespace(input_batch=SimpleNamespace(req_ids=[]), requests={})
+        sam.attach_runner(runner)
+        token_ids = np.zeros((len(requests), max_len), dtype=np.int32)
+        num_tokens = np.array([p.size for p, _ in requests], dtype=np.int64)
+        for i, (p, _) in enumerate(requests):
+            token_ids[i, : p.size] = p
+        done = np.zeros(len(requests), dtype=np.int64)
+        while True:
+            live = np.flatnonzero(done < np.array([r.size for _, r in requests]))
+            if live.size == 0:
+                break
+            sampled = []
+            for i in live:
+                token = int(requests[i][1][done[i]])
+                token_ids[i, num_tokens[i]] = token
+                num_tokens[i] += 1
+                done[i] += 1
+                sampled.append([token])
+            runner.input_batch.req_ids = [ids[i] for i in live]
+            runner.requests = dict.fromkeys(runner.input_batch.req_ids)
+            clock.advance(live.size, sam._last_drafted)
+            if evict_mb:
+                x = torch.ones(live.size, side)
+                for w in weights:
+                    x = torch.tanh(x @ w)
+            start = time.perf_counter()
+            sam.propose(sampled, num_tokens[live], token_ids[live])
+            seconds = time.perf_counter() - start
+            if epoch > 0 and live.size >= min_rows:
+                times.append(seconds)
+                idle.append(sam._last_drafted == 0)
+    return {
+        "median_ms": 1000 * float(np.median(times)),
+        "mean_ms": 1000 * float(np.mean(times)),
+        "steps": len(times),
+        "steps_without_drafts": float(np.mean(idle)),
+    }
+
+
+def main() -> None:
+    import torch
+    from bench_sam_real import rollouts
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--n", type=int, default=4)
+    parser.add_argument("--epochs", type=int, default=2, help="epochs x n: at most the cache's 8 responses a prompt")
+    parser.add_argument("--evict-mb", type=int, default=512)
+    parser.add_argument("--min-rows", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=2, help="torch threads of the simulated forward")
+    parser.add_argument("--out", default=str(REPO_ROOT / "results" / "real"))
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    if args.epochs * args.n > 8:
+        parser.error(f"--epochs {args.epochs} x --n {args.n} needs more than the cache's 8 responses per prompt")
+    groups = rollouts(args.model, 64, 8, 384)[: args.prompts]  # bench_sam_real.py's cached rollouts
+    modes = {"back to back": 0, "after a forward": args.evict_mb}
+    results = {name: drive(groups, args.n, args.epochs, mb, args.min_rows) for name, mb in modes.items()}
+    for name, r in results.items():
+        print(name, json.dumps(r), flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    command = (
+        f".venv/bin/python scripts/bench_proposer.py --prompts {args.prompts} --n {args.n} --epochs {args.epochs} "
+        f"--evict-mb {args.evict_mb} --min-rows {args.min_rows} --threads {args.threads}"
+    )
+    (out / "proposer_cost.json").write_text(json.dumps({"command": command, "results": results}, indent=2))
+    lines = [
+        "# SAM's proposer per engine step: warm caches and after a forward",
+        "",
+        f"Produced by `{command}` (the default SAM options; {args.prompts} x {args.n} requests of {args.model}'s cached"
+        f" rollouts; steps with at least {args.min_rows} requests from the second epoch on).",
+        "",
+        "| between two calls | median ms | mean ms | steps | steps without drafts |",
+        "|---|---|---|---|---|",
+    ]
+    for name, r in results.items():
+        lines.append(
+            f"| {name} | {r['median_ms']:.3f} | {r['mean_ms']:.3f} | {r['steps']} | {r['steps_without_drafts']:.0%} |"
+        )
+    (out / "proposer_cost.md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
