@@ -140,6 +140,18 @@ def stored_tokens(lead_tokens: int, response_tokens: int) -> int:
     return lead_tokens + response_tokens + 1
 
 
+def newest_within(responses: list[np.ndarray], lead_tokens: int, budget: int) -> list[np.ndarray]:
+    """The newest of ``responses`` (oldest first) whose stored tokens (:func:`stored_tokens`) fit ``budget``, oldest
+    first: what a bounded corpus keeps."""
+    kept, size = [], 0
+    for response in reversed(responses):
+        size += stored_tokens(lead_tokens, response.size)
+        if size > budget:
+            break
+        kept.append(response)
+    return kept[::-1]
+
+
 class ResponseCorpus:
     """Responses to one prompt in one pooled automaton, each after the prompt's ``lead`` tokens and followed by a
     unique negative separator, with occurrence counts (drafts follow what most responses did)."""
@@ -218,15 +230,11 @@ class GlobalCorpus:
             self.corpus.add(self.pending)
             self.pending, self.pending_tokens = [], 0
             return None
-        kept, size = [], 0
-        for response in reversed(self.corpus.responses + self.pending):
-            size += stored_tokens(0, response.size)
-            if size > self.max_tokens // 2 and kept:
-                break
-            kept.append(response)
+        responses = self.corpus.responses + self.pending
+        kept = newest_within(responses, 0, self.max_tokens // 2) or responses[-1:]  # the newest one at least
         old = self.corpus.slot
         self.corpus.close()
-        self.corpus = ResponseCorpus.holding(self.pool, np.zeros(0, dtype=np.int32), True, kept[::-1])
+        self.corpus = ResponseCorpus.holding(self.pool, np.zeros(0, dtype=np.int32), True, kept)
         self.pending, self.pending_tokens = [], 0
         return old
 
@@ -289,18 +297,15 @@ class GroupStore:
             return
         rollout = group.siblings.responses + ([response] if response.size else [])
         kept = group.history.responses + rollout
-        sizes = [stored_tokens(group.lead.size, r.size) for r in kept]
         self.history_bytes -= group.history.nbytes
-        if sum(sizes) <= opts.max_history_tokens:
+        if sum(stored_tokens(group.lead.size, r.size) for r in kept) <= opts.max_history_tokens:
             # within the bound the rollout's responses are appended: the same automaton a rebuild would make, at
             # the cost of the new tokens instead of the whole history (rebuilt at every rollout, it cost up to 8% of
             # a rollout's time once a few epochs were kept; results/sam/vs_suffix)
             group.history.add(rollout)
             group.siblings.close()
         else:
-            while kept and sum(sizes) > opts.max_history_tokens:
-                kept.pop(0)
-                sizes.pop(0)
+            kept = newest_within(kept, group.lead.size, opts.max_history_tokens)
             group.close()
             group.history = ResponseCorpus.holding(self.pool, group.lead, group.counted, kept)
         group.siblings = ResponseCorpus(self.pool, group.lead, group.counted)
@@ -335,7 +340,8 @@ class BatchDrafter:
     Its matchers into its group's sibling and history corpora are rows of the ``src_*`` arrays.
     """
 
-    SOURCES = CORPUS_SOURCE.size  # siblings, history, every prompt's responses (in this order: the first wins a tie)
+    CORPORA = CORPUS_SOURCE.size  # group corpora a request matches: siblings, history, every prompt's responses (in
+    # this order: the first wins a tie)
 
     def __init__(self, options: SAMOptions, k: int):
         self.options = options
@@ -358,11 +364,11 @@ class BatchDrafter:
 
     def _resize(self, size: int) -> None:
         def grown(a: np.ndarray, fill: int) -> np.ndarray:
-            b = np.full((size, self.SOURCES), fill, dtype=np.int64)
+            b = np.full((size, self.CORPORA), fill, dtype=np.int64)
             b[: a.shape[0]] = a
             return b
 
-        empty = np.zeros((0, self.SOURCES), dtype=np.int64)
+        empty = np.zeros((0, self.CORPORA), dtype=np.int64)
         self.src_slot = grown(getattr(self, "src_slot", empty), -1)
         self.src_state = grown(getattr(self, "src_state", empty), 0)
         self.src_len = grown(getattr(self, "src_len", empty), 0)
@@ -379,7 +385,7 @@ class BatchDrafter:
         opts = self.options
         lead = prompt[prompt.size - min(opts.lead_tokens, prompt.size) :].copy()
         group = self.groups.join(key, lead) if opts.group_sharing or opts.cross_epoch else None
-        sources = [-1] * self.SOURCES
+        sources = [-1] * self.CORPORA
         if group is not None and opts.group_sharing:
             sources[0] = group.siblings.slot
         if group is not None and opts.cross_epoch:
