@@ -81,11 +81,17 @@ class AcceptanceModel:
         before it was (what the drafting kernel scores candidate drafts by)."""
         return self.accepted / self.reached
 
+    def likeliest_first(self) -> float:
+        """The highest chance any cell gives a draft's first token (nothing can pay where the cut's lowest threshold
+        is above it)."""
+        return _likeliest_first(self.accepted, self.reached)
+
     def chances(self, group: np.ndarray, band: np.ndarray, level: np.ndarray) -> np.ndarray:
         """[rows, k]: the chance that the first j + 1 draft tokens of each row are all accepted (``level``: [rows, k]
         evidence levels)."""
-        cells = group[:, None], band[:, None], level, np.arange(self.reached.shape[3])[None, :]
-        return np.cumprod(self.accepted[cells] / self.reached[cells], axis=1)
+        out = np.empty(level.shape, dtype=np.float64)
+        _chances(self.accepted, self.reached, group, band, level, out)
+        return out
 
     def observe(
         self, group: np.ndarray, band: np.ndarray, level: np.ndarray, drafted: np.ndarray, accepted: np.ndarray
@@ -93,6 +99,26 @@ class AcceptanceModel:
         """Rows that drafted ``drafted`` tokens of which the first ``accepted`` were accepted."""
         _count_drafts(self.reached, self.accepted, group, band, level, drafted, accepted)
         self.observed += int(drafted.size)
+
+
+@nb.njit(cache=True)
+def _likeliest_first(accepted, reached) -> float:
+    best = 0.0
+    for source in range(accepted.shape[0]):
+        for band in range(accepted.shape[1]):
+            for level in range(accepted.shape[2]):
+                best = max(best, accepted[source, band, level, 0] / reached[source, band, level, 0])
+    return best
+
+
+@nb.njit(cache=True)
+def _chances(accepted, reached, group, band, level, out) -> None:
+    for r in range(level.shape[0]):
+        chance = 1.0
+        for j in range(level.shape[1]):
+            cell = group[r], band[r], level[r, j], j
+            chance *= accepted[cell] / reached[cell]
+            out[r, j] = chance
 
 
 @nb.njit(cache=True)
@@ -223,26 +249,47 @@ def payoff_cut(
 ) -> tuple[np.ndarray, float]:
     """:func:`payoff_lengths`, and the chance a draft token had to exceed (``c * tokens / seconds``: what a draft
     token sent costs in accepted tokens, which the drafter's next step picks each request's source by)."""
-    a, b, c, e, f = (float(v) for v in cost)
+    a, b, c, e, f = np.asarray(cost, dtype=np.float64).tolist()
+    keep = np.zeros(lengths.shape[0], dtype=np.int64)
+    threshold = _payoff_cut(
+        np.ascontiguousarray(chances, dtype=np.float64), lengths, rows, a, b, c, e, f, margin, rounds, keep
+    )
+    return keep, threshold
+
+
+@nb.njit(cache=True)
+def _take(chances, lengths, threshold, keep) -> tuple:
+    """Per row the draft tokens whose chance exceeds ``threshold`` (chances fall with the position: a prefix of each
+    draft) into ``keep``; returns (their chances' sum, their count)."""
+    total, count = 0.0, 0
+    for r in range(chances.shape[0]):
+        keep[r] = 0
+        for j in range(min(lengths[r], chances.shape[1])):
+            if chances[r, j] > threshold:
+                keep[r] += 1
+                total += chances[r, j]
+        count += keep[r]
+    return total, count
+
+
+@nb.njit(cache=True)
+def _payoff_cut(chances, lengths, rows, a, b, c, e, f, margin, rounds, keep) -> float:
+    """:func:`payoff_cut`'s body: writes the kept lengths into ``keep``, returns the threshold."""
     plain_seconds = a + b * rows
     e = e + f * rows  # switching this step's rows to verification
-    k = chances.shape[1]
-    valid = np.arange(k)[None, :] < lengths[:, None]
-    threshold = 0.0
+    threshold, total, count = 0.0, 0.0, 0
     if c <= 0.0:
-        take = valid
+        total, count = _take(chances, lengths, -1.0, keep)
     else:
         tokens, seconds = float(rows), plain_seconds + e
         for _ in range(rounds):
             threshold = c * tokens / max(seconds, 1e-12)
-            take = valid & (chances > threshold)  # chances fall with the position: a prefix of each draft
-            tokens = rows + float(chances[take].sum())
-            seconds = plain_seconds + e + c * float(take.sum())
-    keep = take.sum(axis=1)
-    gain = rows + float(chances[take].sum())
-    if not keep.any() or gain * plain_seconds <= (1.0 + margin) * rows * (plain_seconds + e + c * float(keep.sum())):
-        return np.zeros_like(lengths), threshold
-    return keep, threshold
+            total, count = _take(chances, lengths, threshold, keep)
+            tokens = rows + total
+            seconds = plain_seconds + e + c * count
+    if count == 0 or (rows + total) * plain_seconds <= (1.0 + margin) * rows * (plain_seconds + e + c * count):
+        keep[:] = 0
+    return threshold
 
 
 @nb.njit(cache=True)

@@ -357,7 +357,7 @@ class BatchDrafter:
 
     def _alloc_out(self, rows: int) -> None:
         self._out = np.zeros((rows, self.k), dtype=np.int32)
-        self._out_n = np.zeros(rows, dtype=np.int32)
+        self._out_n = np.zeros(rows, dtype=np.int64)
         self._out_group = np.zeros(rows, dtype=np.int64)
         self._out_mlen = np.zeros(rows, dtype=np.int64)
         self._out_level = np.zeros((rows, self.k), dtype=np.int64)

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import logging
 import time
-from itertools import chain
+from itertools import chain, repeat
 
+import numba as nb
 import numpy as np
 
 from sam.keys import prompt_key
@@ -35,6 +36,25 @@ from sam.payoff import (
 from sam.policy import BatchDrafter, SAMOptions, draft_lists
 
 logger = logging.getLogger(__name__)
+
+
+@nb.njit(cache=True)
+def _row_budgets(counts, num_tokens, slots, max_len, k, k_by_batch, batch_threshold, offsets, ks) -> int:
+    """Each row's token offsets into the step's verified tokens and its draft budget: ``k`` (by the live batch size
+    where ``k_by_batch`` is given; none above ``batch_threshold`` live requests), less what the model length leaves.
+    Returns the live batch size (scheduled, started requests)."""
+    live = 0
+    for r in range(slots.shape[0]):
+        live += slots[r] >= 0
+    if k_by_batch.size:
+        k = k_by_batch[min(live, k_by_batch.size - 1)]
+    if live > batch_threshold:
+        k = 0
+    offsets[0] = 0
+    for r in range(counts.shape[0]):
+        offsets[r + 1] = offsets[r] + counts[r]
+        ks[r] = max(0, min(max_len - num_tokens[r] - 1, k))
+    return live
 
 
 class SAMProposer:
@@ -66,15 +86,15 @@ class SAMProposer:
         # each request's source by what its draft gains at that cost (sam.automaton.step_rows)
         logger.info("SAMProposer: K=%d options=%s", self.k, self.options)
 
-    def _k_by_batch(self, vllm_config) -> np.ndarray | None:
-        """K per live batch size from vLLM's ``num_speculative_tokens_per_batch_size`` (None: K at every size).
+    def _k_by_batch(self, vllm_config) -> np.ndarray:
+        """K per live batch size from vLLM's ``num_speculative_tokens_per_batch_size`` (empty: K at every size).
 
         vLLM's scheduler applies that schedule to its own proposers (ngram, suffix, EAGLE) but does not pass it to
         a custom_class proposer; SAM reads it here, expanded by vLLM's own lookup builder, so one config key sets
         K by batch size for every method."""
         schedule = getattr(vllm_config.speculative_config, "num_speculative_tokens_per_batch_size", None)
         if not schedule:
-            return None
+            return np.zeros(0, dtype=np.int64)
         from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
 
         max_batch = int(vllm_config.scheduler_config.max_num_seqs)
@@ -138,21 +158,20 @@ class SAMProposer:
         request in this step (their prompts were prefilled in it). Finishes the requests the runner no longer
         holds, then starts the new ones (so a new request's group already holds its finished siblings)."""
         slot_of = self.slot_of
-        slots = np.fromiter((slot_of.get(rid, -1) for rid in req_ids), dtype=np.int64, count=len(req_ids))
-        known = int((slots >= 0).sum())
-        if known != len(slot_of):  # a tracked request has no row: finished, or preempted if the runner holds it
+        slots = list(map(slot_of.get, req_ids, repeat(-1, len(req_ids))))
+        new = [r for r, slot in enumerate(slots) if slot < 0]
+        if len(slots) - len(new) != len(slot_of):  # a tracked request has no row: finished, or preempted if the
+            # runner holds it
             scheduled, unfinished = set(req_ids), self.runner.requests
             gone = [rid for rid in slot_of if rid not in scheduled]
             finished = [rid for rid in gone if rid not in unfinished]
             self.preempted_steps += len(gone) - len(finished)
             self._finish(finished)
-        new = np.flatnonzero(slots < 0).tolist()
         for r in new:
             if sampled_token_ids[r]:
                 prompt = np.asarray(token_ids_cpu[r, : int(before[r])], dtype=np.int32)
-                slots[r] = self.drafter.start(prompt, prompt_key(prompt))
-                slot_of[req_ids[r]] = int(slots[r])
-        return slots, len(new)
+                slots[r] = slot_of[req_ids[r]] = self.drafter.start(prompt, prompt_key(prompt))
+        return np.array(slots, dtype=np.int64), len(new)
 
     def _learn(self, now: float, rows: int, prefilled: int, slots, tokens, offsets) -> None:
         """What the step that just ran says: its time (against its rows and the drafts verified in it; a step that
@@ -183,7 +202,7 @@ class SAMProposer:
         self._last_drafted = int(lengths.sum())
         return lengths
 
-    def _nothing_can_pay(self, rows: int, table: np.ndarray) -> bool:
+    def _nothing_can_pay(self, rows: int) -> bool:
         """Whether no draft token can be sent this step: the step cost is not known yet, or not even the likeliest
         cell's first token beats the lowest threshold the payoff cut can have (``c * rows / seconds`` of the step
         without drafts: taking a token raises it), and this is no exploring step (a big batch on a compute-bound
@@ -193,9 +212,9 @@ class SAMProposer:
             return True
         if self.step_cost.exploring and self.steps % EXPLORE_EVERY == 0:
             return False
-        a, b, c, e, f = (float(v) for v in self.step_cost.coef)
+        a, b, c, e, f = self.step_cost.coef.tolist()
         lowest = c * rows / max(a + b * rows + e + f * rows, 1e-12)
-        return float(table[..., 0].max()) <= lowest
+        return self.acceptance.likeliest_first() <= lowest
 
     def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, *args, **kwargs) -> list[list[int]]:
         if self.runner is None:
@@ -208,30 +227,28 @@ class SAMProposer:
         self.steps += 1
         rows = len(sampled_token_ids)
         counts = np.fromiter(map(len, sampled_token_ids), dtype=np.int64, count=rows)
-        offsets = np.zeros(rows + 1, dtype=np.int64)
-        np.cumsum(counts, out=offsets[1:])
-        tokens = np.fromiter(chain.from_iterable(sampled_token_ids), dtype=np.int32, count=int(offsets[-1]))
+        tokens = np.fromiter(chain.from_iterable(sampled_token_ids), dtype=np.int32)
         num_tokens = np.asarray(num_tokens_no_spec[:rows], dtype=np.int64)
         req_ids = self.runner.input_batch.req_ids[:rows]
         slots, prefilled = self._slots(req_ids, sampled_token_ids, num_tokens - counts, token_ids_cpu)
+        offsets = np.empty(rows + 1, dtype=np.int64)
+        ks = np.empty(rows, dtype=np.int64)
+        live = _row_budgets(
+            counts, num_tokens, slots, self.max_model_len, self.k, self.k_by_batch, self.options.batch_threshold,
+            offsets, ks,
+        )  # fmt: skip
+        self.gated_steps += live > self.options.batch_threshold
         if self.options.payoff:
             self._learn(now, rows, prefilled, slots, tokens, offsets)
-        live = int((slots >= 0).sum())  # the live batch: scheduled, started requests
-        if live > self.options.batch_threshold:
-            self.gated_steps += 1
-            ks = np.zeros(rows, dtype=np.int64)
-        else:
-            k = self.k if self.k_by_batch is None else int(self.k_by_batch[min(live, len(self.k_by_batch) - 1)])
-            ks = np.clip(self.max_model_len - num_tokens - 1, 0, k)
-        table = self.acceptance.conditional() if self.options.payoff else None
-        idle = table is not None and self._nothing_can_pay(rows, table)
-        scored = table if self.options.scored else None  # what the drafter picks sources by (None: longest match)
+        idle = self.options.payoff and self._nothing_can_pay(rows)
+        # what the drafter picks sources by (None: the longest match)
+        scored = self.acceptance.conditional() if self.options.payoff and self.options.scored else None
         if idle:
             ks = self.shadows.turns(slots, ks, self.steps)
         drafts, lengths, group, mlen, level = self.drafter.step_arrays(
             slots, tokens, offsets, ks, scored, self._token_cost
         )
         if self.options.payoff:
-            lengths = self._pay(rows, slots, drafts, lengths.astype(np.int64), group, mlen, level, idle)
+            lengths = self._pay(rows, slots, drafts, lengths, group, mlen, level, idle)
         self.busy_s += self.clock() - now
         return draft_lists(drafts, lengths)

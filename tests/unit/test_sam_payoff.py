@@ -202,7 +202,7 @@ def test_where_nothing_can_pay_a_quarter_of_the_requests_get_shadow_drafts_and_t
     most of the drafter's work on a big batch of a compute-bound engine."""
     never_pays = {"payoff": True, "batch_threshold": 256, "payoff_cost": [0.0, 0.01, 0.01, 0.0, 0.0]}
     proposers = [make_proposer(**never_pays), make_proposer(**never_pays)]
-    proposers[1]._nothing_can_pay = lambda rows, table: False  # the same rule, drafting for every request
+    proposers[1]._nothing_can_pay = lambda rows: False  # the same rule, drafting for every request
     calls = []
     for proposer in proposers:
         step_arrays = proposer.drafter.step_arrays
