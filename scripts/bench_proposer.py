@@ -14,7 +14,8 @@ SmolLM2 step), so the payoff rule takes the same decisions in both and only the 
 over the steps with at least ``--min-rows`` requests from the second epoch on, median and mean, and the share of those
 steps where nothing could pay (the proposer only ingested tokens and made shadow drafts).
 
-    .venv/bin/python scripts/bench_proposer.py   # -> results/real/proposer_cost.{md,json}
+    .venv/bin/python scripts/bench_proposer.py   # 64 requests -> results/real/proposer_cost/bench_64/
+    .venv/bin/python scripts/bench_proposer.py --prompts 2 --n 4 --min-rows 1 --out results/real/proposer_cost/bench_8
 """
 
 from __future__ import annotations
@@ -136,7 +137,7 @@ def main() -> None:
     parser.add_argument("--evict-mb", type=int, default=512)
     parser.add_argument("--min-rows", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2, help="torch threads of the simulated forward")
-    parser.add_argument("--out", default=str(REPO_ROOT / "results" / "real"))
+    parser.add_argument("--out", default=str(REPO_ROOT / "results" / "real" / "proposer_cost" / "bench_64"))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.epochs * args.n > 8:
