@@ -470,10 +470,10 @@ def _draft_counted(
     cand_level = np.empty(k, dtype=level.dtype)
     length = mlen
     while state > 0 and length >= min_match:
-        n, gain = _draft_counted_at(
+        n = _draft_counted_at(
             pf, cl, table, st, n_text, state, length, k, min_match, prior, decay, min_prob, cand_out, cand_level
         )
-        free = 0.0
+        gain = free = 0.0  # unscored: only the longest match is drafted, so there is nothing to compare
         if chance_table.size > 0:
             gain = _draft_gain(chance_table, token_cost, source, length, cand_level, n)
             free = _draft_gain(chance_table, 0.0, source, length, cand_level, n)
@@ -490,10 +490,8 @@ def _draft_counted(
 
 @nb.njit(cache=True)
 def _draft_counted_at(pf, cl, table, st, n_text, state, mlen, k, min_match, prior, decay, min_prob, out, level):
-    """:func:`_draft_counted`'s draft from one canonical match ``(state, mlen)``: (tokens written, expected accepted
-    tokens, the sum of the whole draft's chances after each token)."""
+    """:func:`_draft_counted`'s draft from one canonical match ``(state, mlen)``; returns the tokens written."""
     chance = 1.0
-    score = 0.0
     n = 0
     while n < k:
         best_tok, best_to, best_occ, best_last = NO_TOK, -1, 0, -1
@@ -529,10 +527,9 @@ def _draft_counted_at(pf, cl, table, st, n_text, state, mlen, k, min_match, prio
             break
         out[n] = best_tok
         level[n] = counted_level(best_occ, support)
-        score += chance
         n += 1
         state = best_to
-    return n, score
+    return n
 
 
 @nb.njit(cache=True)

@@ -383,14 +383,12 @@ class ShadowDrafts:
             slots, drafts, lengths, group, band, level, self.buf, self.n, self.pos, self.group, self.band, self.level
         )
 
-    def turns(self, slots: np.ndarray, ks: np.ndarray, step: int) -> np.ndarray:
-        """Draft budgets ``ks`` for a step where nothing can pay: only the requests with no draft pending whose turn it
-        is (one step in :data:`SHADOW_EVERY`) draft, for their shadow; the model still learns, at a quarter of the
-        drafting work."""
+    def turns(self, slots: np.ndarray, ks: np.ndarray, step: int) -> None:
+        """Cuts the draft budgets ``ks`` in place for a step where nothing can pay: only the requests with no draft
+        pending whose turn it is (one step in :data:`SHADOW_EVERY`) draft, for their shadow; the model still learns,
+        at a quarter of the drafting work."""
         self._fit(slots)
-        ks = ks.copy()
         _shadow_turns(slots, ks, self.n, step, SHADOW_EVERY)
-        return ks
 
     def forget(self, slot: int) -> None:
         """A slot that is freed (its request finished) drops its pending draft."""

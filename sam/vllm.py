@@ -244,7 +244,7 @@ class SAMProposer:
         # what the drafter picks sources by (None: the longest match)
         scored = self.acceptance.conditional() if self.options.payoff and self.options.scored else None
         if idle:
-            ks = self.shadows.turns(slots, ks, self.steps)
+            self.shadows.turns(slots, ks, self.steps)
         drafts, lengths, group, mlen, level = self.drafter.step_arrays(
             slots, tokens, offsets, ks, scored, self._token_cost
         )
