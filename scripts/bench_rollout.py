@@ -15,7 +15,8 @@ are active; default ``--gate``), ``/kK`` its draft length cap K, ``/s<B>x<K>`` a
 prob, ``/d`` prior decay, ``/c0`` first-occurrence drafts from group material, ``/r0`` from the request's own text,
 ``/y0`` every draft the match rules give instead of the payoff rule's, ``/g1`` drafts from every prompt's
 responses too, ``/e1`` sources picked by the learned chances (``scored``); defaults: configs/spec/<method>.yaml).
-``noop`` is vLLM's speculative path with a proposer that never drafts: the cost of the path itself.
+``noop`` is vLLM's speculative path with a proposer that never drafts: the cost of the path itself. A name may end in
+``#<tag>`` (``off,off#2``): a second engine of the same mode, the A/A control for what an engine instance alone changes.
 
     .venv/bin/python scripts/bench_rollout.py [--prompts 16 --n 8 --modes off,sam+group+epoch@256/k4/t1]
     .venv/bin/python scripts/bench_rollout.py --model smollm2-135m-instruct --modes off,suffix,sam+group+epoch
@@ -77,11 +78,15 @@ SAM_MODE_OPTIONS = {  # letter of a SAM mode's "/<letter><value>" suffix -> (SAM
 def parse_mode(
     name: str, default_gate: int, sam_defaults: dict
 ) -> tuple[str, int, dict | None, list[list[int]] | None] | None:
-    """``base[@gate][/kK][/s<B>x<K>][/<letter><value>...]`` -> (method, K, SAM options, K-by-batch schedule), or None
-    when the name is not a known mode. Every speculative mode takes ``/kK``, model-free ones ``/s``; only SAM modes
-    take a gate and the SAM_MODE_OPTIONS letters. With ``/s`` the engine's K is the larger of the two."""
+    """``base[@gate][/kK][/s<B>x<K>][/<letter><value>...][#tag]`` -> (method, K, SAM options, K-by-batch schedule),
+    or None when the name is not a known mode. Every speculative mode takes ``/kK``, model-free ones ``/s``; only SAM
+    modes take a gate and the SAM_MODE_OPTIONS letters. With ``/s`` the engine's K is the larger of the two; the tag
+    names a second engine of the same mode."""
     from recipe.engine import K_BY_BATCH_KEY, VLLM_METHOD_KEYS, EngineOptions
 
+    name, _, tag = name.partition("#")
+    if "/" in tag or "@" in tag:
+        return None  # the tag ends the name
     head, *suffixes = name.split("/")
     base_name, _, gate = head.partition("@")
     if base_name not in MODES:
