@@ -16,12 +16,11 @@ def test_a_tagged_mode_parses_as_the_mode_it_tags() -> None:
     tagged = bench_rollout.parse_mode("sam+group@32/k3/t2#b", 8, defaults)
     assert tagged == bench_rollout.parse_mode("sam+group@32/k3/t2", 8, defaults)
     method, k, sam, _ = tagged
-    assert (method, k, sam["batch_threshold"], sam["tokens_per_match"], sam["group_sharing"]) == (
-        "sam",
-        3,
-        32,
-        2.0,
-        True,
-    )
+    assert (method, k) == ("sam", 3)
+    assert {key: sam[key] for key in ("batch_threshold", "tokens_per_match", "group_sharing")} == {
+        "batch_threshold": 32,
+        "tokens_per_match": 2.0,
+        "group_sharing": True,
+    }
     assert bench_rollout.parse_mode("sam#b/k3", 8, defaults) is None  # the tag ends the name
     assert bench_rollout.parse_mode("offf#2", 8, defaults) is None
