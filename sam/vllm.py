@@ -160,8 +160,8 @@ class SAMProposer:
         slot_of = self.slot_of
         slots = list(map(slot_of.get, req_ids, repeat(-1, len(req_ids))))
         new = [r for r, slot in enumerate(slots) if slot < 0]
-        if len(slots) - len(new) != len(slot_of):  # a tracked request has no row: finished, or preempted if the
-            # runner holds it
+        # a tracked request without a row finished, or was preempted if the runner still holds it
+        if len(slots) - len(new) != len(slot_of):
             scheduled, unfinished = set(req_ids), self.runner.requests
             gone = [rid for rid in slot_of if rid not in scheduled]
             finished = [rid for rid in gone if rid not in unfinished]
