@@ -67,9 +67,36 @@ def proposer(k: int, max_len: int, rows: int):
     return SAMProposer(cfg)
 
 
-def drive(groups, n: int, epochs: int, evict_mb: int, min_rows: int) -> dict:
+PARTS = {  # the proposer's parts timed by --parts: label -> (attribute path on the proposer, method)
+    "request slots": ("", "_slots"),
+    "step cost and shadow settling": ("", "_learn"),
+    "nothing-can-pay check": ("", "_nothing_can_pay"),
+    "shadow turns": ("shadows", "turns"),
+    "drafting kernel": ("drafter", "step_arrays"),
+    "payoff rule and shadow starts": ("", "_pay"),
+}
+
+
+def time_parts(sam, spent: dict[str, float]) -> None:
+    """Wrap the proposer's parts (PARTS) on this instance so each call adds its seconds to ``spent``."""
+    for label, (owner_name, method) in PARTS.items():
+        owner = getattr(sam, owner_name) if owner_name else sam
+        inner = getattr(owner, method)
+
+        def timed(*args, inner=inner, label=label, **kwargs):
+            start = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                spent[label] = spent.get(label, 0.0) + time.perf_counter() - start
+
+        setattr(owner, method, timed)
+
+
+def drive(groups, n: int, epochs: int, evict_mb: int, min_rows: int, parts: bool = False) -> dict:
     """``n`` responses of every prompt decoded together, other ones in each of ``epochs`` passes; ms per
-    ``propose`` call."""
+    ``propose`` call (and, with ``parts``, per part of it: PARTS, the rest being vLLM's lists turned into arrays, the
+    row budgets and the drafts turned back into lists)."""
     import torch
 
     from recipe.dapo.config import spec_group
@@ -80,6 +107,10 @@ def drive(groups, n: int, epochs: int, evict_mb: int, min_rows: int) -> dict:
     sam = proposer(k, max_len, rows)
     clock = SimulatedClock()
     sam.clock = clock
+    spent: dict[str, float] = {}
+    part_times: dict[str, list[float]] = {label: [] for label in PARTS}
+    if parts:
+        time_parts(sam, spent)
     side = 2048
     weights = [torch.randn(side, side) for _ in range(max(1, evict_mb * 2**20 // (4 * side * side)))]
     times, idle = [], []
@@ -111,18 +142,24 @@ def drive(groups, n: int, epochs: int, evict_mb: int, min_rows: int) -> dict:
                 x = torch.ones(live.size, side)
                 for w in weights:
                     x = torch.tanh(x @ w)
+            spent.clear()
             start = time.perf_counter()
             sam.propose(sampled, num_tokens[live], token_ids[live])
             seconds = time.perf_counter() - start
             if epoch > 0 and live.size >= min_rows:
                 times.append(seconds)
                 idle.append(sam._last_drafted == 0)
-    return {
+                for label, part in part_times.items():
+                    part.append(spent.get(label, 0.0))
+    result = {
         "median_ms": 1000 * float(np.median(times)),
         "mean_ms": 1000 * float(np.mean(times)),
         "steps": len(times),
         "steps_without_drafts": float(np.mean(idle)),
     }
+    if parts:
+        result["parts_median_ms"] = {label: 1000 * float(np.median(part)) for label, part in part_times.items()}
+    return result
 
 
 def main() -> None:
@@ -137,6 +174,7 @@ def main() -> None:
     parser.add_argument("--evict-mb", type=int, default=512)
     parser.add_argument("--min-rows", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2, help="torch threads of the simulated forward")
+    parser.add_argument("--parts", action="store_true", help="also time each part of propose (PARTS)")
     parser.add_argument("--out", default=str(REPO_ROOT / "results" / "real" / "proposer_cost" / "bench_64"))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -144,14 +182,14 @@ def main() -> None:
         parser.error(f"--epochs {args.epochs} x --n {args.n} needs more than the cache's 8 responses per prompt")
     groups = rollouts(args.model, 64, 8, 384)[: args.prompts]  # bench_sam_real.py's cached rollouts
     modes = {"back to back": 0, "after a forward": args.evict_mb}
-    results = {name: drive(groups, args.n, args.epochs, mb, args.min_rows) for name, mb in modes.items()}
+    results = {name: drive(groups, args.n, args.epochs, mb, args.min_rows, args.parts) for name, mb in modes.items()}
     for name, r in results.items():
         print(name, json.dumps(r), flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     command = (
         f".venv/bin/python scripts/bench_proposer.py --prompts {args.prompts} --n {args.n} --epochs {args.epochs} "
-        f"--evict-mb {args.evict_mb} --min-rows {args.min_rows} --threads {args.threads}"
+        f"--evict-mb {args.evict_mb} --min-rows {args.min_rows} --threads {args.threads}" + " --parts" * args.parts
     )
     (out / "proposer_cost.json").write_text(json.dumps({"command": command, "results": results}, indent=2))
     lines = [
@@ -167,6 +205,19 @@ def main() -> None:
         lines.append(
             f"| {name} | {r['median_ms']:.3f} | {r['mean_ms']:.3f} | {r['steps']} | {r['steps_without_drafts']:.0%} |"
         )
+    if args.parts:
+        lines += [
+            "",
+            "Median ms per call of each part (the proposer's methods timed on the instance; the rest of a call is vLLM's"
+            " lists turned into arrays, the row budgets and the drafts turned back into lists):",
+            "",
+            "| part | " + " | ".join(results) + " |",
+            "|---|" + "---|" * len(results),
+        ]
+        for label in PARTS:
+            lines.append(
+                f"| {label} | " + " | ".join(f"{r['parts_median_ms'][label]:.4f}" for r in results.values()) + " |"
+            )
     (out / "proposer_cost.md").write_text("\n".join(lines) + "\n")
 
 
