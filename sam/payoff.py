@@ -43,7 +43,8 @@ from sam.cells import LEVELS, MATCH_BANDS, SOURCES, bands
 EXPLORE_UNTIL = 32  # steps with drafts an engine observes before it stops exploring what drafting costs
 EXPLORE_EVERY = 16  # ... on one step in this many
 EXPLORE_CHANCE = 0.5  # ... with the draft tokens at least this likely to be accepted
-SHADOW_EVERY = 4  # where no draft token can pay, a request is drafted for (a shadow draft) on one step in this many
+CATCH_UP_EVERY = 4  # where no draft token can pay, the drafter works (takes the tokens verified since, settles
+# and starts shadow drafts) on one step in this many (sam.vllm.SAMProposer.propose)
 
 
 class AcceptanceModel:
@@ -81,10 +82,11 @@ class AcceptanceModel:
         before it was (what the drafting kernel scores candidate drafts by)."""
         return self.accepted / self.reached
 
-    def likeliest_first(self) -> float:
-        """The highest chance any cell gives a draft's first token (nothing can pay where the cut's lowest threshold
-        is above it)."""
-        return _likeliest_first(self.accepted, self.reached)
+    def best_row_gain(self, token_cost: float) -> float:
+        """What one request's draft can gain at most, in accepted tokens less ``token_cost`` per token sent: the best
+        over sources, match bands and lengths, taking at every position the likeliest evidence level (an upper bound
+        of any real draft's, whose levels are what its tokens have; :func:`nothing_can_pay`)."""
+        return _best_row_gain(self.accepted, self.reached, token_cost)
 
     def chances(self, group: np.ndarray, band: np.ndarray, level: np.ndarray) -> np.ndarray:
         """[rows, k]: the chance that the first j + 1 draft tokens of each row are all accepted (``level``: [rows, k]
@@ -102,12 +104,18 @@ class AcceptanceModel:
 
 
 @nb.njit(cache=True)
-def _likeliest_first(accepted, reached) -> float:
+def _best_row_gain(accepted, reached, token_cost) -> float:
     best = 0.0
     for source in range(accepted.shape[0]):
         for band in range(accepted.shape[1]):
-            for level in range(accepted.shape[2]):
-                best = max(best, accepted[source, band, level, 0] / reached[source, band, level, 0])
+            chance, gain = 1.0, 0.0
+            for j in range(accepted.shape[3]):
+                likeliest = 0.0
+                for level in range(accepted.shape[2]):
+                    likeliest = max(likeliest, accepted[source, band, level, j] / reached[source, band, level, j])
+                chance *= likeliest
+                gain += chance - token_cost
+                best = max(best, gain)
     return best
 
 
@@ -233,6 +241,20 @@ class PinnedStepCost(StepCost):
         return False  # nothing to learn: drafting depends on the tokens alone
 
 
+def nothing_can_pay(model: AcceptanceModel, rows: int, cost: np.ndarray, margin: float = 0.0) -> bool:
+    """Whether :func:`payoff_cut` must send nothing for a step of ``rows`` requests whatever their drafts: it sends
+    drafts only if ``(rows + T) * P > (1 + margin) * rows * (P + E + c * N)`` (``T`` the sent tokens' chances, ``N``
+    their count, ``P = a + b * rows`` the plain step, ``E = e + f * rows`` the switch to verification), that is if
+    ``T - lam * N > rows * ((1 + margin) * (1 + E / P) - 1)`` with ``lam = (1 + margin) * rows * c / P``; each row
+    adds at most :meth:`AcceptanceModel.best_row_gain` at ``lam`` to the left side, so where that is no more than the
+    right side's share per row, no draft can pass. The switch term makes this bound hold on most steps of a big batch
+    (where a draft token costs about a request's, ``lam`` nears 1) without drafting a token to learn it."""
+    a, b, c, e, f = np.asarray(cost, dtype=np.float64).tolist()
+    plain = max(a + b * rows, 1e-12)
+    token_cost = (1.0 + margin) * rows * c / plain
+    return model.best_row_gain(token_cost) <= (1.0 + margin) * (1.0 + (e + f * rows) / plain) - 1.0
+
+
 def payoff_lengths(
     chances: np.ndarray, lengths: np.ndarray, rows: int, cost: np.ndarray, margin: float = 0.0, rounds: int = 3
 ) -> np.ndarray:
@@ -330,10 +352,10 @@ def _start_shadows(slots, drafts, lengths, group, band, level, buf, n, pos, s_gr
 
 
 @nb.njit(cache=True)
-def _shadow_turns(slots, ks, n, step, every) -> None:
+def _shadow_turns(slots, ks, n) -> None:
     for r in range(slots.shape[0]):
         s = slots[r]
-        if s >= 0 and (n[s] > 0 or (s + step) % every != 0):
+        if s >= 0 and n[s] > 0:
             ks[r] = 0
 
 
@@ -384,11 +406,14 @@ class ShadowDrafts:
         )
 
     def turns(self, slots: np.ndarray, ks: np.ndarray, step: int) -> None:
-        """Cuts the draft budgets ``ks`` in place for a step where nothing can pay: only the requests with no draft
-        pending whose turn it is (one step in :data:`SHADOW_EVERY`) draft, for their shadow; the model still learns,
-        at a quarter of the drafting work."""
+        """Cuts the draft budgets ``ks`` in place for a step where nothing can pay: on one such step in
+        :data:`CATCH_UP_EVERY` the requests with no draft pending draft, for their shadow, on the others none does;
+        the model still learns, at a fraction of the drafting work."""
+        if step % CATCH_UP_EVERY:
+            ks[:] = 0
+            return
         self._fit(slots)
-        _shadow_turns(slots, ks, self.n, step, SHADOW_EVERY)
+        _shadow_turns(slots, ks, self.n)
 
     def forget(self, slot: int) -> None:
         """A slot that is freed (its request finished) drops its pending draft."""

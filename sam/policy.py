@@ -77,6 +77,9 @@ class SAMOptions:
     # verification cost at the step's batch size (sam/payoff.py); False: every draft the match rules give
     payoff_margin: float = 0.1  # ... and send a step's drafts only if they are expected to raise its tokens/s by this
     # share (break-even drafts lose to estimation error: results/real/README.md)
+    defer_idle: bool = True  # with the payoff rule, where nothing can pay, leave the drafter's work (taking the
+    # step's tokens, shadow drafts) to one step in sam.payoff.CATCH_UP_EVERY: most steps of a big batch then cost the
+    # drafter next to nothing (results/real/README.md, "Deferred work"); False: it works every step
     payoff_cost: list[float] | None = None  # the step cost [a, b, c, e, f] in seconds (sam/payoff.py) instead of
     # learning it from the engine's step times: drafting then depends on the tokens alone, so a seeded run samples
     # the same tokens on every run (None: learned, which follows the machine but not token for token)
@@ -399,9 +402,12 @@ class BatchDrafter:
         self.requests[slot] = (own, int(prompt.size), key, group)
         return slot
 
-    def finish(self, slot: int) -> None:
-        """The request left the batch: its response joins its group, its memory is freed."""
+    def finish(self, slot: int, tail: np.ndarray | None = None) -> None:
+        """The request left the batch: its response (with ``tail``, tokens it verified that no step appended)
+        joins its group, its memory is freed."""
         own, prompt_len, key, group = self.requests.pop(slot)
+        if tail is not None and tail.size:
+            own.extend(tail)
         response = own.text()[prompt_len:]
         if group is not None:
             self.groups.leave(key, group, response)

@@ -9,7 +9,9 @@ worker) hands the runner to the proposer. A request is then tracked by its id: o
 still holds was preempted (KV cache full) and keeps its automaton until it is scheduled again; one the runner
 no longer holds finished, and its response goes to its prompt's group. A new id starts a drafter keyed by its
 prompt (its context before its first sampled token), which is what siblings and later epochs share. Only
-verified tokens (what vLLM reports as sampled) ever enter an automaton.
+verified tokens ever enter an automaton: a row's are read from vLLM's ``token_ids_cpu`` up to
+``num_tokens_no_spec``, from where its drafter left off (a step may leave its work to a later one), and a finished
+request's last ones from its ``CachedRequestState.output_token_ids``.
 
 The whole step (extend, group matchers, drafts) runs in one compiled call (:class:`~sam.policy.BatchDrafter`).
 """
@@ -18,19 +20,21 @@ from __future__ import annotations
 
 import logging
 import time
-from itertools import chain, repeat
+from itertools import repeat
 
 import numba as nb
 import numpy as np
 
 from sam.keys import prompt_key
 from sam.payoff import (
+    CATCH_UP_EVERY,
     EXPLORE_CHANCE,
     EXPLORE_EVERY,
     AcceptanceModel,
     PinnedStepCost,
     ShadowDrafts,
     StepCost,
+    nothing_can_pay,
     payoff_cut,
 )
 from sam.policy import BatchDrafter, SAMOptions, draft_lists
@@ -39,22 +43,36 @@ logger = logging.getLogger(__name__)
 
 
 @nb.njit(cache=True)
-def _row_budgets(counts, num_tokens, slots, max_len, k, k_by_batch, batch_threshold, offsets, ks) -> int:
-    """Each row's token offsets into the step's verified tokens and its draft budget: ``k`` (by the live batch size
-    where ``k_by_batch`` is given; none above ``batch_threshold`` live requests), less what the model length leaves.
-    Returns the live batch size (scheduled, started requests)."""
+def _catch_up(token_ids, num_tokens, slots, ingested, max_len, k, k_by_batch, batch_threshold, offsets, ks):
+    """Each started row's tokens verified since its drafter last took tokens (``token_ids[r, ingested[slot]:
+    num_tokens[r]]``: vLLM's token history of the row, so a step the drafter skipped costs no copy), flat with
+    ``offsets``, and ``ingested`` moved on; each row's draft budget ``ks``: ``k`` (by the live batch size where
+    ``k_by_batch`` is given; none above ``batch_threshold`` live requests), less what the model length leaves.
+    Returns the tokens and the live batch size (scheduled, started requests)."""
+    rows = slots.shape[0]
     live = 0
-    for r in range(slots.shape[0]):
-        live += slots[r] >= 0
+    offsets[0] = 0
+    for r in range(rows):
+        s = slots[r]
+        n = 0
+        if s >= 0:
+            live += 1
+            n = max(0, num_tokens[r] - ingested[s])
+        offsets[r + 1] = offsets[r] + n
+    tokens = np.empty(offsets[rows], dtype=np.int32)
+    for r in range(rows):
+        s = slots[r]
+        n = offsets[r + 1] - offsets[r]
+        if n > 0:
+            tokens[offsets[r] : offsets[r + 1]] = token_ids[r, ingested[s] : ingested[s] + n]
+            ingested[s] += n
     if k_by_batch.size:
         k = k_by_batch[min(live, k_by_batch.size - 1)]
     if live > batch_threshold:
         k = 0
-    offsets[0] = 0
-    for r in range(counts.shape[0]):
-        offsets[r + 1] = offsets[r] + counts[r]
+    for r in range(rows):
         ks[r] = max(0, min(max_len - num_tokens[r] - 1, k))
-    return live
+    return tokens, live
 
 
 class SAMProposer:
@@ -70,7 +88,14 @@ class SAMProposer:
         self.k_by_batch = self._k_by_batch(vllm_config)
         self.runner = None  # vLLM's model runner (attach_runner): request ids per row, unfinished requests
         self.slot_of: dict[str, int] = {}  # request id -> drafter slot, in the order requests started
+        self.state_of: dict[int, object] = {}  # drafter slot -> vLLM's CachedRequestState of its request: the tokens
+        # of a request that finished while its drafter lagged (_finish)
+        self.ingested = np.zeros(64, dtype=np.int64)  # per drafter slot: tokens its automaton holds (prompt included)
+        self._rows: list | None = None  # the request id of each row at the last step, if its rows all had drafters
+        # (None otherwise): a step with the same rows starts and finishes nothing
+        self._row_slots = np.zeros(0, dtype=np.int64)  # ... and their drafter slots
         self.steps = 0
+        self.deferred_steps = 0  # steps where nothing could pay and the drafter left its work to a later step
         self.gated_steps = 0
         self.preempted_steps = 0  # request-steps spent preempted (row missing, request kept)
         self.busy_s = 0.0  # time spent inside propose: the drafter's own share of the engine's steps
@@ -131,7 +156,7 @@ class SAMProposer:
     def load_state_dict(self, state: dict) -> None:
         self.drafter = BatchDrafter(self.options, self.k)
         self.shadows = ShadowDrafts(self.k)  # slots restart with the new drafter
-        self.slot_of = {}
+        self.slot_of, self.state_of, self._rows = {}, {}, None
         for key, (lead, responses) in state["groups"].items():
             self.drafter.groups.restore(key, np.asarray(lead, dtype=np.int32), responses)
         if self.drafter.global_corpus is not None and state.get("global") is not None:
@@ -140,7 +165,8 @@ class SAMProposer:
         self._token_cost = float(state.get("token_cost", 0.0))
 
     def request_text(self, request_id: str) -> np.ndarray:
-        """Prompt + verified tokens of a tracked request as of the last step."""
+        """Prompt + verified tokens of a tracked request as of the last step its drafter worked (every step without
+        the payoff rule; with it, steps where nothing can pay leave the work to a later step: :meth:`propose`)."""
         return self.drafter.text(self.slot_of[request_id])
 
     @property
@@ -148,12 +174,20 @@ class SAMProposer:
         return len(self.drafter.requests)
 
     def _finish(self, request_ids: list[str]) -> None:
+        """The requests left: each response, with the tokens its drafter had not taken yet (read from vLLM's request
+        state, which outlives the runner's reference), goes to its prompt's group and settles its shadow draft."""
         for rid in request_ids:
             slot = self.slot_of.pop(rid)
-            self.drafter.finish(slot)
+            state = self.state_of.pop(slot)
+            prompt_len = self.drafter.requests[slot][1]
+            unseen = int(self.ingested[slot]) - prompt_len
+            tail = np.asarray(state.output_token_ids[unseen:], dtype=np.int32)
+            if tail.size:
+                self.shadows.resolve(np.array([slot]), tail, np.array([0, tail.size]), self.acceptance)
+            self.drafter.finish(slot, tail)
             self.shadows.forget(slot)
 
-    def _slots(self, req_ids: list, sampled_token_ids, before: np.ndarray, token_ids_cpu) -> tuple[np.ndarray, int]:
+    def _slots(self, req_ids: list, sampled_token_ids, num_tokens, token_ids_cpu) -> tuple[np.ndarray, int]:
         """Drafter slot of each row (-1 for a new request that has not sampled yet) and how many rows started a
         request in this step (their prompts were prefilled in it). Finishes the requests the runner no longer
         holds, then starts the new ones (so a new request's group already holds its finished siblings)."""
@@ -169,17 +203,24 @@ class SAMProposer:
             self._finish(finished)
         for r in new:
             if sampled_token_ids[r]:
-                prompt = np.asarray(token_ids_cpu[r, : int(before[r])], dtype=np.int32)
-                slots[r] = slot_of[req_ids[r]] = self.drafter.start(prompt, prompt_key(prompt))
+                before = int(num_tokens[r]) - len(sampled_token_ids[r])
+                prompt = np.asarray(token_ids_cpu[r, :before], dtype=np.int32)
+                slot = slots[r] = slot_of[req_ids[r]] = self.drafter.start(prompt, prompt_key(prompt))
+                self.state_of[slot] = self.runner.requests[req_ids[r]]
+                if slot >= self.ingested.size:
+                    self.ingested = np.concatenate([self.ingested, np.zeros(slot + 1, dtype=np.int64)])
+                self.ingested[slot] = before
         return np.array(slots, dtype=np.int64), len(new)
 
-    def _learn(self, now: float, rows: int, prefilled: int, slots, tokens, offsets) -> None:
-        """What the step that just ran says: its time (against its rows and the drafts verified in it; a step that
-        prefilled a prompt is not a decode step's cost and is not timed) and, from the tokens it verified, how the
-        requests' pending shadow drafts fared."""
+    def _time_step(self, now: float, rows: int, prefilled: int) -> None:
+        """The time of the step that just ran, against its rows and the drafts verified in it (a step that prefilled
+        a prompt is not a decode step's cost and is not timed)."""
         if self._last_call is not None and prefilled == 0 and rows > 0:
             self.step_cost.observe(rows, self._last_drafted, now - self._last_call)
         self._last_call = now
+
+    def _settle(self, slots, tokens, offsets) -> None:
+        """How the requests' pending shadow drafts fared against the tokens they verified."""
         self.shadows.resolve(slots, tokens, offsets, self.acceptance)
 
     def _pay(self, rows: int, slots, drafts, lengths, group, mlen, level, idle: bool) -> np.ndarray:
@@ -203,20 +244,23 @@ class SAMProposer:
         return lengths
 
     def _nothing_can_pay(self, rows: int) -> bool:
-        """Whether no draft token can be sent this step: the step cost is not known yet, or not even the likeliest
-        cell's first token beats the lowest threshold the payoff cut can have (``c * rows / seconds`` of the step
-        without drafts: taking a token raises it), and this is no exploring step (a big batch on a compute-bound
-        engine: most steps). Then only shadow drafts are made, for a quarter of the requests that need one
-        (:data:`sam.payoff.SHADOW_EVERY`): the drafter's work on such a step is pure cost."""
+        """Whether no draft can be sent this step: the step cost is not known yet, or no draft can pass the payoff
+        cut at this batch size (:func:`sam.payoff.nothing_can_pay`: a big batch on a compute-bound engine, most
+        steps), and this is no exploring step. Then the drafter works only on one step in
+        :data:`sam.payoff.CATCH_UP_EVERY` (:meth:`propose`), drafting only shadows, for the requests with none
+        pending: its work on such a step is pure cost."""
         if not self.step_cost.known:
             return True
         if self.step_cost.exploring and self.steps % EXPLORE_EVERY == 0:
             return False
-        a, b, c, e, f = self.step_cost.coef.tolist()
-        lowest = c * rows / max(a + b * rows + e + f * rows, 1e-12)
-        return self.acceptance.likeliest_first() <= lowest
+        return nothing_can_pay(self.acceptance, rows, self.step_cost.coef, self.options.payoff_margin)
 
     def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, *args, **kwargs) -> list[list[int]]:
+        """Drafts for vLLM's rows. With the payoff rule, a step where nothing can pay does no drafter work but
+        timing the step and tracking which requests start and finish: its tokens stay in vLLM's ``token_ids_cpu``
+        until a later step takes them (one in :data:`sam.payoff.CATCH_UP_EVERY`, or one where something can pay),
+        which saves the drafter's cache misses after the forward on most steps of a big batch
+        (results/real/README.md, "Deferred work"). A step with a request that has not sampled yet works."""
         if self.runner is None:
             raise RuntimeError(
                 "SAMProposer has no model runner to read request ids from: the sam.runner_hook:register vLLM plugin did "
@@ -226,29 +270,40 @@ class SAMProposer:
         now = self.clock()
         self.steps += 1
         rows = len(sampled_token_ids)
-        counts = np.fromiter(map(len, sampled_token_ids), dtype=np.int64, count=rows)
-        tokens = np.fromiter(chain.from_iterable(sampled_token_ids), dtype=np.int32)
-        num_tokens = np.asarray(num_tokens_no_spec[:rows], dtype=np.int64)
         req_ids = self.runner.input_batch.req_ids[:rows]
-        slots, prefilled = self._slots(req_ids, sampled_token_ids, num_tokens - counts, token_ids_cpu)
+        payoff = self.options.payoff
+        if req_ids == self._rows:
+            slots, prefilled = self._row_slots, 0
+            self.preempted_steps += len(self.slot_of) - rows  # tracked without a row: preempted
+        else:
+            slots, prefilled = self._slots(req_ids, sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
+            self._rows, self._row_slots = (req_ids if (slots >= 0).all() else None), slots
+        if payoff:
+            self._time_step(now, rows, prefilled)
+        idle = payoff and self._nothing_can_pay(rows)
+        if idle and self._rows is not None and self.options.defer_idle and self.steps % CATCH_UP_EVERY:
+            self.deferred_steps += 1
+            self.gated_steps += rows > self.options.batch_threshold
+            self._last_drafted = 0
+            self.busy_s += self.clock() - now
+            return [[] for _ in range(rows)]
         offsets = np.empty(rows + 1, dtype=np.int64)
         ks = np.empty(rows, dtype=np.int64)
-        live = _row_budgets(
-            counts, num_tokens, slots, self.max_model_len, self.k, self.k_by_batch, self.options.batch_threshold,
-            offsets, ks,
+        tokens, live = _catch_up(
+            token_ids_cpu, num_tokens_no_spec, slots, self.ingested, self.max_model_len, self.k, self.k_by_batch,
+            self.options.batch_threshold, offsets, ks,
         )  # fmt: skip
         self.gated_steps += live > self.options.batch_threshold
-        if self.options.payoff:
-            self._learn(now, rows, prefilled, slots, tokens, offsets)
-        idle = self.options.payoff and self._nothing_can_pay(rows)
+        if payoff:
+            self._settle(slots, tokens, offsets)
         # what the drafter picks sources by (None: the longest match)
-        scored = self.acceptance.conditional() if self.options.payoff and self.options.scored else None
+        scored = self.acceptance.conditional() if payoff and self.options.scored else None
         if idle:
             self.shadows.turns(slots, ks, self.steps)
         drafts, lengths, group, mlen, level = self.drafter.step_arrays(
             slots, tokens, offsets, ks, scored, self._token_cost
         )
-        if self.options.payoff:
+        if payoff:
             lengths = self._pay(rows, slots, drafts, lengths, group, mlen, level, idle)
         self.busy_s += self.clock() - now
         return draft_lists(drafts, lengths)

@@ -9,10 +9,12 @@ model sampled for it before, not the text it is about to sample) in two ways, si
 - ``after a forward``: between two calls, a stack of float32 matrix products over ``--evict-mb`` MiB of weights with
   one row per request, on torch's threads, as an engine's decode step reads its weights (SmolLM2-135M in float32 is
   540 MB) and evicts what the proposer touched.
-The engine's step time is simulated in both (the proposer's clock advances by ``STEP_COST``, this CPU's cost of a
-SmolLM2 step), so the payoff rule takes the same decisions in both and only the caches differ. Milliseconds per call
-over the steps with at least ``--min-rows`` requests from the second epoch on, median and mean, and the share of those
-steps where nothing could pay (the proposer only ingested tokens and made shadow drafts).
+- ``after a forward, working every step``: the same with ``defer_idle`` off, so that the drafter takes every step's
+  tokens and makes its shadow drafts where nothing can pay instead of leaving that to one step in four.
+The engine's step time is simulated in all (the proposer's clock advances by ``STEP_COST``, this CPU's cost of a
+SmolLM2 step), so the payoff rule takes the same decisions in all and only the caches differ. Milliseconds per call
+over the steps with at least ``--min-rows`` requests from the second epoch on, median and mean, the share of those
+steps where nothing could pay (nothing was sent), and the share where the drafter left its work to a later step.
 
     .venv/bin/python scripts/bench_proposer.py   # 64 requests -> results/real/proposer_cost/bench_64/
     .venv/bin/python scripts/bench_proposer.py --prompts 2 --n 4 --min-rows 1 --out results/real/proposer_cost/bench_8
@@ -52,7 +54,7 @@ class SimulatedClock:
         self.now += a + b * rows + c * drafted + (e + f * rows) * (drafted > 0)
 
 
-def proposer(k: int, max_len: int, rows: int):
+def proposer(k: int, max_len: int, rows: int, defer_idle: bool):
     from omegaconf import OmegaConf
 
     from recipe.dapo.config import spec_group
@@ -62,14 +64,15 @@ def proposer(k: int, max_len: int, rows: int):
         speculative_config=SimpleNamespace(num_speculative_tokens=k, num_speculative_tokens_per_batch_size=None),
         model_config=SimpleNamespace(max_model_len=max_len),
         scheduler_config=SimpleNamespace(max_num_seqs=max(rows, 256)),
-        additional_config={"sam": OmegaConf.to_container(spec_group("sam").sam)},
+        additional_config={"sam": {**OmegaConf.to_container(spec_group("sam").sam), "defer_idle": defer_idle}},
     )
     return SAMProposer(cfg)
 
 
 PARTS = {  # the proposer's parts timed by --parts: label -> (attribute path on the proposer, method)
     "request slots": ("", "_slots"),
-    "step cost and shadow settling": ("", "_learn"),
+    "step cost": ("", "_time_step"),
+    "shadow settling": ("", "_settle"),
     "nothing-can-pay check": ("", "_nothing_can_pay"),
     "shadow turns": ("shadows", "turns"),
     "drafting kernel": ("drafter", "step_arrays"),
@@ -93,7 +96,7 @@ def time_parts(sam, spent: dict[str, float]) -> None:
         setattr(owner, method, timed)
 
 
-def drive(groups, n: int, epochs: int, evict_mb: int, min_rows: int, parts: bool = False) -> dict:
+def drive(groups, n: int, epochs: int, evict_mb: int, min_rows: int, defer_idle: bool, parts: bool = False) -> dict:
     """``n`` responses of every prompt decoded together, other ones in each of ``epochs`` passes; ms per
     ``propose`` call (and, with ``parts``, per part of it: PARTS, the rest being vLLM's lists turned into arrays, the
     row budgets and the drafts turned back into lists)."""
@@ -104,7 +107,7 @@ def drive(groups, n: int, epochs: int, evict_mb: int, min_rows: int, parts: bool
     k = int(spec_group("sam").num_speculative_tokens)
     max_len = max(p.size + r.size for p, rs in groups for r in rs) + 8
     rows = len(groups) * n
-    sam = proposer(k, max_len, rows)
+    sam = proposer(k, max_len, rows, defer_idle)
     clock = SimulatedClock()
     sam.clock = clock
     spent: dict[str, float] = {}
@@ -113,11 +116,12 @@ def drive(groups, n: int, epochs: int, evict_mb: int, min_rows: int, parts: bool
         time_parts(sam, spent)
     side = 2048
     weights = [torch.randn(side, side) for _ in range(max(1, evict_mb * 2**20 // (4 * side * side)))]
-    times, idle = [], []
+    times, idle, deferred = [], [], []
     for epoch in range(epochs):
         requests = [(p, r) for p, rs in groups for r in rs[epoch * n : (epoch + 1) * n]]
         ids = [f"{epoch}-{i}" for i in range(len(requests))]
         runner = SimpleNamespace(input_batch=SimpleNamespace(req_ids=[]), requests={})
+        states = {rid: SimpleNamespace(output_token_ids=[]) for rid in ids}  # vLLM's CachedRequestState's tokens
         sam.attach_runner(runner)
         token_ids = np.zeros((len(requests), max_len), dtype=np.int32)
         num_tokens = np.array([p.size for p, _ in requests], dtype=np.int64)
@@ -135,20 +139,24 @@ def drive(groups, n: int, epochs: int, evict_mb: int, min_rows: int, parts: bool
                 num_tokens[i] += 1
                 done[i] += 1
                 sampled.append([token])
+                states[ids[i]].output_token_ids.append(token)
             runner.input_batch.req_ids = [ids[i] for i in live]
-            runner.requests = dict.fromkeys(runner.input_batch.req_ids)
+            runner.requests = {rid: states[rid] for rid in runner.input_batch.req_ids}
             clock.advance(live.size, sam._last_drafted)
             if evict_mb:
                 x = torch.ones(live.size, side)
                 for w in weights:
                     x = torch.tanh(x @ w)
             spent.clear()
+            before = sam.deferred_steps
+            rows_tokens, rows_lengths = token_ids[live], num_tokens[live]  # vLLM's arrays, built outside the timing
             start = time.perf_counter()
-            sam.propose(sampled, num_tokens[live], token_ids[live])
+            sam.propose(sampled, rows_lengths, rows_tokens)
             seconds = time.perf_counter() - start
             if epoch > 0 and live.size >= min_rows:
                 times.append(seconds)
                 idle.append(sam._last_drafted == 0)
+                deferred.append(sam.deferred_steps > before)
                 for label, part in part_times.items():
                     part.append(spent.get(label, 0.0))
     result = {
@@ -156,6 +164,9 @@ def drive(groups, n: int, epochs: int, evict_mb: int, min_rows: int, parts: bool
         "mean_ms": 1000 * float(np.mean(times)),
         "steps": len(times),
         "steps_without_drafts": float(np.mean(idle)),
+        "deferred_steps": float(np.mean(deferred)),
+        "working_step_mean_ms": 1000 * float(np.mean([t for t, d in zip(times, deferred, strict=True) if not d])),
+        "deferred_step_mean_ms": 1000 * float(np.mean([t for t, d in zip(times, deferred, strict=True) if d] or [0])),
     }
     if parts:
         result["parts_median_ms"] = {label: 1000 * float(np.median(part)) for label, part in part_times.items()}
@@ -181,8 +192,15 @@ def main() -> None:
     if args.epochs * args.n > 8:
         parser.error(f"--epochs {args.epochs} x --n {args.n} needs more than the cache's 8 responses per prompt")
     groups = rollouts(args.model, 64, 8, 384)[: args.prompts]  # bench_sam_real.py's cached rollouts
-    modes = {"back to back": 0, "after a forward": args.evict_mb}
-    results = {name: drive(groups, args.n, args.epochs, mb, args.min_rows, args.parts) for name, mb in modes.items()}
+    modes = {  # name -> (MiB evicted between calls, defer_idle)
+        "back to back": (0, True),
+        "after a forward": (args.evict_mb, True),
+        "after a forward, working every step": (args.evict_mb, False),
+    }
+    results = {
+        name: drive(groups, args.n, args.epochs, mb, args.min_rows, defer, args.parts)
+        for name, (mb, defer) in modes.items()
+    }
     for name, r in results.items():
         print(name, json.dumps(r), flush=True)
     out = Path(args.out)
@@ -198,12 +216,14 @@ def main() -> None:
         f"Produced by `{command}` (the default SAM options; {args.prompts} x {args.n} requests of {args.model}'s cached"
         f" rollouts; steps with at least {args.min_rows} requests from the second epoch on).",
         "",
-        "| between two calls | median ms | mean ms | steps | steps without drafts |",
-        "|---|---|---|---|---|",
+        "| between two calls | median ms | mean ms | steps | steps without drafts | steps deferred | mean ms of a working"
+        " step | of a deferred step |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, r in results.items():
         lines.append(
-            f"| {name} | {r['median_ms']:.3f} | {r['mean_ms']:.3f} | {r['steps']} | {r['steps_without_drafts']:.0%} |"
+            f"| {name} | {r['median_ms']:.3f} | {r['mean_ms']:.3f} | {r['steps']} | {r['steps_without_drafts']:.0%} "
+            f"| {r['deferred_steps']:.0%} | {r['working_step_mean_ms']:.3f} | {r['deferred_step_mean_ms']:.3f} |"
         )
     if args.parts:
         lines += [

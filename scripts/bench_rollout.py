@@ -17,6 +17,8 @@ prob, ``/d`` prior decay, ``/c0`` first-occurrence drafts from group material, `
 responses too, ``/e1`` sources picked by the learned chances (``scored``); defaults: configs/spec/<method>.yaml).
 ``noop`` is vLLM's speculative path with a proposer that never drafts: the cost of the path itself. A name may end in
 ``#<tag>`` (``off,off#2``): a second engine of the same mode, the A/A control for what an engine instance alone changes.
+Each rollout's summary goes to ``rollouts.jsonl``; the report ends with the rollouts a mode and a spec-off engine
+sampled alike (``same_token_pairs``), which ``--pairs-from`` rebuilds from that file or from a run's printed lines.
 
     .venv/bin/python scripts/bench_rollout.py [--prompts 16 --n 8 --modes off,sam+group+epoch@256/k4/t1]
     .venv/bin/python scripts/bench_rollout.py --model smollm2-135m-instruct --modes off,suffix,sam+group+epoch
@@ -72,6 +74,7 @@ SAM_MODE_OPTIONS = {  # letter of a SAM mode's "/<letter><value>" suffix -> (SAM
     "y": ("payoff", lambda v: bool(int(v))),
     "g": ("global_sharing", lambda v: bool(int(v))),
     "e": ("scored", lambda v: bool(int(v))),
+    "i": ("defer_idle", lambda v: bool(int(v))),
 }
 
 
@@ -215,6 +218,61 @@ def band_columns(bands: list[dict]) -> dict[str, dict[str, float]]:
     return out
 
 
+def same_token_pairs(runs: dict[str, list[dict]]) -> list[str]:
+    """Markdown: each mode against each spec-off engine (``off``, ``off#<tag>``) over the repeats where both sampled as
+    many tokens (one sampler seed per repeat: a draft that changed no token leaves the count, so these pairs compare
+    the same work), as spec off's rollout time over the mode's; pooled over all its pairings by geometric mean."""
+    offs = [name for name in runs if name.partition("#")[0] == "off"]
+    if not offs:
+        return []
+    lines = [
+        "",
+        "Rollouts of the same tokens: each repeat where a mode and a spec-off engine sampled as many tokens (same seed),"
+        " spec off's rollout time over the mode's (pairs, geometric mean, range):",
+        "",
+        "| mode | " + " | ".join(f"vs {off}" for off in offs) + " | all pairs |",
+        "|---|" + "---|" * (len(offs) + 1),
+    ]
+    for name, summaries in runs.items():
+        if name in offs[:1]:
+            continue
+        cells, pooled = [], []
+        for off in offs:
+            ratios = [
+                o["rollout_time_s"] / m["rollout_time_s"]
+                for o, m in zip(runs[off], summaries, strict=False)
+                if off != name and o["tokens"] == m["tokens"]
+            ]
+            pooled += ratios
+            cells.append(
+                f"{len(ratios)}, {math.exp(np.mean(np.log(ratios))):.3f}x, {min(ratios):.3f}-{max(ratios):.3f}"
+                if ratios
+                else "-"
+            )
+        total = f"{len(pooled)}, **{math.exp(np.mean(np.log(pooled))):.3f}x**" if pooled else "-"
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {total} |")
+    return lines
+
+
+def read_rollouts(path: Path) -> dict[str, list[dict]]:
+    """Per mode, its rollouts' summaries in repeat order, from ``rollouts.jsonl`` or a run's printed
+    ``<repeat> <mode> {summary}`` lines."""
+    runs: dict[str, dict[int, dict]] = {}
+    for line in path.read_text().splitlines():
+        if line.startswith("{"):
+            record = json.loads(line)
+            rep, name = record.pop("repeat"), record.pop("mode")
+        else:
+            head = line.split(" ", 2)
+            if len(head) < 3 or not head[0].isdigit() or not head[2].startswith("{"):
+                continue
+            rep, name, record = int(head[0]), head[1], json.loads(head[2])
+        runs.setdefault(name, {})[rep] = record
+    if not runs:
+        raise SystemExit(f"--pairs-from {path}: no rollout summaries in it")
+    return {name: [by_rep[r] for r in sorted(by_rep)] for name, by_rep in runs.items()}
+
+
 def rollout_inputs(model: str | None, max_prompts: int) -> tuple[Path, list[list[int]], str]:
     """Checkpoint, prompt ids and engine dtype: the embedded base model on its test split (float32, as the local
     trainer's rollouts), or a real model (recipe.models: a built-in name, .gguf or HF directory) on the held-out
@@ -265,8 +323,27 @@ def main() -> None:
         help="the engines' dtype (default: float32, or what configs/experiment/smollm2.yaml samples a real model in)",
     )
     parser.add_argument("--out", default=None, help="default results/sam (embedded model) or results/real")
+    parser.add_argument(
+        "--pairs-from",
+        type=Path,
+        default=None,
+        help="only rebuild the same-token pairs (into <out>/same_token_pairs.md) from a rollouts.jsonl or a run's log",
+    )
     args = parser.parse_args()
     out = Path(args.out or REPO_ROOT / "results" / ("sam" if args.model is None else "real"))
+    if args.pairs_from is not None:
+        runs = read_rollouts(args.pairs_from)
+        out.mkdir(parents=True, exist_ok=True)
+        with open(out / "rollouts.jsonl", "w") as fh:
+            fh.writelines(
+                json.dumps({"repeat": rep, "mode": name, **s}) + "\n"
+                for name, summaries in runs.items()
+                for rep, s in enumerate(summaries)
+            )
+        lines = [f"# Same-token pairs, rebuilt from {args.pairs_from.name}", *same_token_pairs(runs)]
+        (out / "same_token_pairs.md").write_text("\n".join(lines) + "\n")
+        print("\n".join(lines))
+        return
 
     ckpt, ids, dtype = rollout_inputs(args.model, 2 * args.prompts)
     dtype = args.dtype or dtype
@@ -295,6 +372,8 @@ def main() -> None:
     # each repeat: in a fixed order a mode always follows the same one, and pays for whatever that one leaves behind
     runs: dict[str, list[dict]] = {name: [] for name in engines}
     timelines: dict[str, list] = {name: [] for name in engines}
+    out.mkdir(parents=True, exist_ok=True)
+    rollout_log = open(out / "rollouts.jsonl", "w")  # noqa: SIM115 - written as the rollouts come, closed below
     for rep in range(args.repeats):
         names = list(engines)
         for name in names[rep % len(names) :] + names[: rep % len(names)]:
@@ -309,6 +388,9 @@ def main() -> None:
             runs[name].append(s)
             timelines[name].append(result.timeline)
             print(rep, name, json.dumps({k: round(v, 3) for k, v in s.items()}))
+            rollout_log.write(json.dumps({"repeat": rep, "mode": name, **s}) + "\n")
+            rollout_log.flush()
+    rollout_log.close()
     rows = []
     for name, summaries in runs.items():
 
@@ -384,6 +466,7 @@ def main() -> None:
             f"{r['draft_tokens_per_token']:.2f} | {r['acceptance']:.2f} |"
         )
     lines += by_active_requests_table(bands)
+    lines += same_token_pairs(runs)
     (out / "rollout_e2e.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

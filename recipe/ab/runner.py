@@ -26,6 +26,7 @@ MODES: dict[str, list[str]] = {  # mode name -> the Hydra overrides that select 
     "sam": ["spec=sam"],  # the recipe's default drafter (configs/spec/sam.yaml: own text, siblings, earlier epochs)
     "sam_own": ["spec=sam", "spec.sam.group_sharing=false", "spec.sam.cross_epoch=false"],  # own text only
     "sam_every": ["spec=sam", "spec.sam.payoff=false"],  # the default without the payoff rule: every draft it finds
+    "sam_eager": ["spec=sam", "spec.sam.defer_idle=false"],  # the default working every step where nothing can pay
     "mtp_frozen": ["spec=mtp", "spec.mtp.train=frozen"],
     "mtp_online": ["spec=mtp", "spec.mtp.train=online"],
 }

@@ -1,6 +1,7 @@
 """scripts/bench_rollout.py's mode names: a ``#tag`` runs a second engine of the same mode (the A/A control)."""
 
 import importlib.util
+import json
 from pathlib import Path
 
 _spec = importlib.util.spec_from_file_location(
@@ -24,3 +25,23 @@ def test_a_tagged_mode_parses_as_the_mode_it_tags() -> None:
     }
     assert bench_rollout.parse_mode("sam#b/k3", 8, defaults) is None  # the tag ends the name
     assert bench_rollout.parse_mode("offf#2", 8, defaults) is None
+
+
+def test_same_token_pairs_compare_only_repeats_that_sampled_alike_and_rebuild_from_a_log(tmp_path) -> None:
+    """A mode is paired with each spec-off engine only where both sampled as many tokens in a repeat; a run's printed
+    lines rebuild the same table."""
+    runs = {
+        "off": [{"tokens": 100, "rollout_time_s": 2.0}, {"tokens": 90, "rollout_time_s": 3.0}],
+        "sam": [{"tokens": 100, "rollout_time_s": 1.0}, {"tokens": 95, "rollout_time_s": 1.0}],
+        "off#2": [{"tokens": 100, "rollout_time_s": 4.0}, {"tokens": 95, "rollout_time_s": 2.0}],
+    }
+    rows = {line.split(" | ")[0][2:]: line for line in bench_rollout.same_token_pairs(runs) if line.startswith("| ")}
+    # vs off#2: 4.0 / 1.0 and 2.0 / 1.0; all three pairs: (2 * 4 * 2) ** (1 / 3)
+    assert "| 1, 2.000x, 2.000-2.000 | 2, 2.828x, 2.000-4.000 | 3, **2.520x** |" in rows["sam"]
+    assert rows["off#2"].endswith("| 1, 0.500x, 0.500-0.500 | - | 1, **0.500x** |")
+    log = tmp_path / "bench.log"
+    log.write_text(
+        "INFO engine started\n"
+        + "".join(f"{rep} {name} " + json.dumps(s) + "\n" for name, ss in runs.items() for rep, s in enumerate(ss))
+    )
+    assert bench_rollout.read_rollouts(log) == runs

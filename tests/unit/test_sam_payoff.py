@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from test_sam_proposer import Driver, K, make_proposer
 
-from sam.payoff import AcceptanceModel, ShadowDrafts, StepCost, payoff_cut, payoff_lengths
+from sam.payoff import AcceptanceModel, ShadowDrafts, StepCost, nothing_can_pay, payoff_cut, payoff_lengths
 
 
 def test_step_cost_recovers_the_cost_of_rows_drafts_and_the_switch_to_verification():
@@ -117,7 +117,7 @@ class ClockedDriver(Driver):
     seconds on a fake clock, drafted being what the proposer drafted at the previous call."""
 
     def __init__(self, proposer, requests, fixed: float, per_row: float, per_draft: float):
-        super().__init__(proposer, requests)
+        super().__init__(proposer, requests, shuffle=False)
         self.now = 0.0
         self.cost = (fixed, per_row, per_draft)
         self.drafted = 0
@@ -196,13 +196,48 @@ def test_the_cut_reports_what_a_sent_draft_token_costs_at_its_fixed_point():
     assert keep.tolist() == [0] and threshold == pytest.approx(1.0)  # a token costing a whole step never pays
 
 
-def test_where_nothing_can_pay_a_quarter_of_the_requests_get_shadow_drafts_and_the_model_still_learns():
-    """A step where no cell's first token beats the cut's lowest threshold sends nothing, so its drafts serve only
-    the acceptance model: a quarter of the requests whose shadow settled are drafted for (SHADOW_EVERY), which saves
-    most of the drafter's work on a big batch of a compute-bound engine."""
+def test_where_the_bound_says_nothing_can_pay_the_cut_sends_nothing_and_it_is_not_vacuous():
+    """nothing_can_pay is what lets the proposer skip its work, so it must never be true where the payoff cut would
+    send a draft: random acceptance tables, step costs and batches, every row drafting K tokens from random cells.
+    It must also hold where the older first-token test did not (the switch to verification is priced in), so that
+    a big batch's steps are skipped."""
+    rng = np.random.default_rng(3)
+    skipped = sent = skipped_by_switch = 0
+    for _ in range(400):
+        model = AcceptanceModel(K)
+        model.reached += rng.integers(0, 60, model.reached.shape)
+        model.accepted = np.minimum(model.reached, model.accepted + rng.random(model.reached.shape) * model.reached)
+        rows = int(rng.integers(1, 65))
+        cost = rng.random(5) * np.array([0.03, 0.001, 0.001, 0.012, 0.0005])
+        margin = float(rng.choice([0.0, 0.1]))
+        skip = nothing_can_pay(model, rows, cost, margin)
+        shape = model.reached.shape
+        conditional = model.conditional()
+        for trial in range(6):
+            group, band = rng.integers(0, shape[0], rows), rng.integers(0, shape[1], rows)
+            level = rng.integers(0, shape[2], (rows, K))
+            if trial == 0:  # the worst case: every row drafts from one cell at each position's likeliest level
+                level = conditional[group, band].argmax(axis=1)
+            keep, _ = payoff_cut(model.chances(group, band, level), np.full(rows, K), rows, cost, margin)
+            sent += int(keep.sum() > 0)
+            assert not (skip and keep.sum() > 0)
+        skipped += skip
+        a, b, c, _e, _f = cost
+        skipped_by_switch += skip and (model.conditional()[..., 0].max() > c * rows / (a + b * rows))
+    assert sent > 100 and skipped > 50 and skipped_by_switch > 20
+
+
+def test_where_nothing_can_pay_the_drafter_works_one_step_in_four_and_loses_no_token():
+    """A step where no cell's first token beats the cut's lowest threshold sends nothing, so the drafter's work serves
+    only its automata and the acceptance model. With the rows of the step before (nothing started or finished) it
+    does none: one step in CATCH_UP_EVERY takes the tokens verified since from vLLM's token history, settles the
+    shadow drafts and starts new ones for the requests with none pending. The automata then hold every verified
+    token again, finished requests file their whole responses (their last tokens read from their request state),
+    and the model still learns."""
     never_pays = {"payoff": True, "batch_threshold": 256, "payoff_cost": [0.0, 0.01, 0.01, 0.0, 0.0]}
+    rollout = periodic_requests(8)
     proposers = [make_proposer(**never_pays), make_proposer(**never_pays)]
-    proposers[1]._nothing_can_pay = lambda rows: False  # the same rule, drafting for every request
+    proposers[1]._nothing_can_pay = lambda rows: False  # the same rule, drafting for every request on every step
     calls = []
     for proposer in proposers:
         step_arrays = proposer.drafter.step_arrays
@@ -213,12 +248,21 @@ def test_where_nothing_can_pay_a_quarter_of_the_requests_get_shadow_drafts_and_t
             return _step(slots, tokens, offsets, ks, *args)
 
         proposer.drafter.step_arrays = counted
-        driver = Driver(proposer, periodic_requests(8))
-        assert all(d == [] for step in driver.run() for d in step.values())  # a token costs a request: never sent
+        driver = Driver(proposer, rollout, shuffle=False)
+        while driver.unfinished:
+            deferred = proposer.deferred_steps
+            tracked = list(driver.unfinished)
+            assert all(d == [] for d in driver.step().values())  # a token costs a request: never sent
+            if proposer.deferred_steps == deferred:  # a step that worked: every verified token is in
+                assert all(proposer.request_text(rid).tolist() == driver.text(rid) for rid in tracked)
+        driver.step()
+        filed = sorted(r.tolist() for g in proposer.drafter.groups.groups.values() for r in g.history.responses)
+        assert filed == sorted(response for _prompt, response in rollout.values())
         calls.append(ks_seen)
+    lazy, eager = proposers
+    assert lazy.deferred_steps > 0.6 * lazy.steps and eager.deferred_steps == 0
     assert sum(calls[0]) < 0.4 * sum(calls[1])  # a quarter of the requests drafted for, or fewer ...
-    a, b = (p.acceptance for p in proposers)
-    assert 0.25 * b.observed <= a.observed < b.observed  # ... and their shadow drafts still settled
+    assert 0.2 * eager.acceptance.observed <= lazy.acceptance.observed < eager.acceptance.observed  # ... still learning
 
 
 def test_scored_drafting_counts_acceptance_by_evidence_level_and_the_default_by_source_and_band_only():

@@ -1,7 +1,8 @@
 """SAMProposer driven the way vLLM drives a custom_class proposer: one row per scheduled request, rows reordered
 and condensed between steps, several verified tokens per step, requests preempted (unscheduled for a while,
 still unfinished) and resumed. The request ids come from the model runner, as in vLLM: ``input_batch.req_ids``
-in row order and ``requests`` holding every unfinished request."""
+in row order and ``requests`` holding every unfinished request's state (its ``output_token_ids`` as vLLM's
+``CachedRequestState`` keeps them)."""
 
 import math
 from types import SimpleNamespace
@@ -44,6 +45,7 @@ class Driver:
         requests: dict[str, tuple[list[int], list[int]]],
         seed: int = 0,
         preempt: float = 0.0,
+        shuffle: bool = True,
     ):
         self.p = proposer
         self.requests = requests  # id -> (prompt, full response)
@@ -51,7 +53,9 @@ class Driver:
         self.unfinished = list(requests)
         self.rows: list[str] = list(requests)
         self.preempt = preempt
+        self.shuffle = shuffle  # rows reordered every step (vLLM keeps their order until requests leave or join)
         self.preemptions = 0
+        self.states = {rid: SimpleNamespace(output_token_ids=[]) for rid in requests}
         self.rng = np.random.default_rng(seed)
         self.token_ids = np.zeros((64, 4096), dtype=np.int32)
         self.num_tokens = np.zeros(64, dtype=np.int32)
@@ -65,7 +69,8 @@ class Driver:
     def step(self) -> dict[str, list[int]]:
         self.rows = [r for r in self.unfinished if self.rng.random() >= self.preempt or self.emitted[r] == 0]
         self.preemptions += len(self.unfinished) - len(self.rows)
-        self.rng.shuffle(self.rows)
+        if self.shuffle:
+            self.rng.shuffle(self.rows)
         sampled = []
         for i, rid in enumerate(self.rows):
             prompt, response = self.requests[rid]
@@ -73,12 +78,13 @@ class Driver:
             take = min(take, len(response) - self.emitted[rid])
             sampled.append(response[self.emitted[rid] : self.emitted[rid] + take])
             self.emitted[rid] += take
+            self.states[rid].output_token_ids.extend(sampled[-1])
             t = self.text(rid)
             self.token_ids[i, : len(t)] = t
             self.token_ids[i, len(t) : len(t) + 8] = 99999  # stale speculative slots beyond the valid length
             self.num_tokens[i] = len(t)
         self.runner.input_batch.req_ids = list(self.rows)
-        self.runner.requests = {rid: None for rid in self.unfinished}
+        self.runner.requests = {rid: self.states[rid] for rid in self.unfinished}
         drafts = self.p.propose(sampled, self.num_tokens, self.token_ids)
         assert len(drafts) == len(self.rows)
         out = dict(zip(self.rows, drafts, strict=True))
@@ -367,15 +373,19 @@ def test_a_history_bound_too_small_for_one_prompt_is_refused_at_start():
     make_proposer(cross_epoch=False, max_history_tokens=64, max_history_bytes=1000)  # no history kept: no bound
 
 
-def test_a_preempted_request_is_filed_once_with_its_whole_response():
+@pytest.mark.parametrize("payoff", [False, True])  # True: a cost no draft pays, so the drafter defers its work
+def test_a_preempted_request_is_filed_once_with_its_whole_response(payoff):
     """Under preemption (KV cache full) a request leaves the batch for a while: its prompt's group must get
     its response once, whole, when it finishes, and never a partial copy when it leaves."""
     opts = {"batch_threshold": 100, "min_match": 2, "group_sharing": True, "cross_epoch": True}
+    if payoff:
+        opts.update(payoff=True, payoff_cost=[0.0, 0.01, 0.01, 0.0, 0.0])
     rollout = random_requests(np.random.default_rng(4), 8, prompts=2)
     proposer = make_proposer(**opts)
-    drv = Driver(proposer, rollout, preempt=0.3)
+    drv = Driver(proposer, rollout, preempt=0.3, shuffle=not payoff)
     drv.run()
     assert drv.preemptions > 10 and proposer.preempted_steps == drv.preemptions
+    assert (proposer.deferred_steps > 0) == payoff
     filed = sorted(r.tolist() for g in proposer.drafter.groups.groups.values() for r in g.history.responses)
     assert filed == sorted(response for _prompt, response in rollout.values())
 
