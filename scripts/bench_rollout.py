@@ -373,7 +373,7 @@ def main() -> None:
     runs: dict[str, list[dict]] = {name: [] for name in engines}
     timelines: dict[str, list] = {name: [] for name in engines}
     out.mkdir(parents=True, exist_ok=True)
-    rollout_log = open(out / "rollouts.jsonl", "w")  # noqa: SIM115 - written as the rollouts come, closed below
+    rollout_log = open(out / "rollouts.jsonl", "w")  # written as the rollouts come, closed after the last
     for rep in range(args.repeats):
         names = list(engines)
         for name in names[rep % len(names) :] + names[: rep % len(names)]:
