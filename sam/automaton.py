@@ -721,6 +721,19 @@ def _hash_slots(edges: int) -> int:
     return 1 << max(4, math.ceil(math.log2(edges / MAX_LOAD + 1)))
 
 
+@nb.njit(cache=True)
+def _release(prefix, clones, table, meta, stats, slot: int) -> None:
+    """:meth:`AutomatonPool.release`'s arrays, in one compiled call: from Python each typed-list item costs several
+    microseconds, and most of a rollout's requests are released on its last few steps."""
+    prefix[slot] = np.empty((0, 3), dtype=np.int32)
+    clones[slot] = np.empty((0, 6), dtype=np.int32)
+    table[slot] = np.full(2, -1, dtype=np.int64)
+    fresh = np.zeros(7, dtype=np.int64)
+    fresh[5:] = -1
+    meta[slot] = fresh
+    stats[slot] = np.empty((0, 2), dtype=np.int32)
+
+
 class AutomatonPool:
     """Slots of automata reachable from one compiled call (see :func:`step_rows`); freed slots are reused."""
 
@@ -771,19 +784,7 @@ class AutomatonPool:
 
     def release(self, slot: int) -> None:
         """Drop the slot's arrays (memory is freed) and recycle the slot."""
-        empty_rows = np.empty((0, 6), dtype=np.int32)
-        for lst, a in zip(
-            self.all_lists,
-            (
-                empty_rows[:, :3].copy(),
-                empty_rows,
-                np.full(2, -1, np.int64),
-                np.array([0, 0, 0, 0, 0, -1, -1], np.int64),
-                empty_rows[:, :2].copy(),
-            ),
-            strict=True,
-        ):
-            lst[slot] = a
+        _release(*self.all_lists, slot)
         self._free.append(slot)
 
     def nbytes(self, slot: int) -> int:

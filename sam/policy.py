@@ -10,8 +10,8 @@ draft gains most under the payoff rule's learned chances, :func:`sam.automaton.s
   tree: answers to one task share their phrasing), counted like group material.
 
 Group material lives in one automaton per prompt and source, with a unique negative separator after each
-response so no draft runs from one response into the next. It is counted each time it grows (a sibling
-finished), so a draft from it follows the continuation most responses took and stops where its estimated
+response so no draft runs from one response into the next. It is counted each time it grows, so a draft from it
+follows the continuation most responses took and stops where its estimated
 chance (counts, ``count_prior`` shrunk as the match grows by ``prior_decay``) falls below ``min_token_prob``; a
 request's own text, which grows every step, drafts what followed the latest earlier occurrence (``own_latest``), by
 the match-length rule. Each response is stored after its prompt's last
@@ -20,6 +20,13 @@ its siblings' openings from its first step instead of only after ``min_match`` t
 active sample of a prompt finishes, the rollout's sibling responses move into the history (if ``cross_epoch``)
 and the sibling automaton is dropped. Memory is bounded by ``max_history_tokens`` per prompt and by
 ``max_history_bytes`` for all prompts' histories together (the least recently used prompts' histories go first).
+
+Filing is deferred to where it is needed. A finished sibling's response waits until the next step that drafts, which
+files every response that finished since into its group's sibling automaton and counts it once; a prompt whose
+samples have all finished never builds them into its sibling automaton. A prompt's finished rollout goes into its
+history when the next request starts (on a step that prefills a prompt) or at a checkpoint. At the end of a rollout
+most requests finish on a few steps, and filing each of them on the spot cost a few milliseconds on the steps with
+the fewest requests, where a step takes 25-35 ms (results/real/README.md, "Band by band over the same tokens").
 
 All automata of a drafter live in one :class:`~sam.automaton.AutomatonPool`, and :class:`BatchDrafter` runs a
 whole decode step (every running request's extend, matchers and draft) in one compiled call.
@@ -262,6 +269,8 @@ class Group:
         self.siblings = ResponseCorpus(pool, lead, counted)
         self.history = ResponseCorpus(pool, lead, counted)
         self.active = 0
+        self.unfiled: list[np.ndarray] = []  # finished siblings not yet in ``siblings`` (GroupStore.file_siblings)
+        self.last_rollout: list[np.ndarray] = []  # a finished rollout's responses, not yet in ``history``
 
     def close(self) -> None:
         self.siblings.close()
@@ -277,9 +286,15 @@ class GroupStore:
         self.pool = pool
         self.groups: OrderedDict[bytes, Group] = OrderedDict()
         self.history_bytes = 0  # of every group's history automaton
+        self.unfiled: dict[bytes, Group] = {}  # groups with finished siblings not yet in their sibling automaton
+        self.finished: dict[bytes, Group] = {}  # groups whose last rollout is not yet in their history
 
     def join(self, key: bytes, lead: np.ndarray) -> Group:
-        """A request of prompt ``key`` started; ``lead`` is the prompt's tail that precedes every response."""
+        """A request of prompt ``key`` started; ``lead`` is the prompt's tail that precedes every response. Finished
+        rollouts go into their histories first: a request starts on a step that prefills its prompt, which takes
+        far longer than the filing, and at most one rollout per prompt waits."""
+        if self.finished:
+            self.file_histories()
         group = self.groups.get(key)
         if group is None:
             group = self.groups[key] = Group(self.pool, lead, self.options.draft_from_counts)
@@ -289,16 +304,45 @@ class GroupStore:
         return group
 
     def leave(self, key: bytes, group: Group, response: np.ndarray) -> None:
-        """A request of ``group`` finished with ``response``."""
-        opts = self.options
+        """A request of ``group`` finished with ``response``: it waits for the next drafting step
+        (:meth:`file_siblings`) or, if it was the prompt's last sample, for the prompt's return (:meth:`join`)."""
         group.active -= 1
+        if response.size:
+            group.unfiled.append(response)
         if group.active > 0:
-            group.siblings.add([response])
+            self.unfiled[key] = group
             return
-        if not opts.cross_epoch:
+        self.unfiled.pop(key, None)
+        if not self.options.cross_epoch:
             self._drop(key)
             return
-        rollout = group.siblings.responses + ([response] if response.size else [])
+        group.last_rollout = group.siblings.responses + group.unfiled
+        group.unfiled = []
+        group.siblings.close()
+        group.siblings = ResponseCorpus(self.pool, group.lead, group.counted)
+        self.finished[key] = group
+
+    def file_siblings(self) -> None:
+        """Every response that finished since the last call into its group's sibling automaton, counted once per
+        group: what the next drafting step needs from them."""
+        for group in self.unfiled.values():
+            group.siblings.add(group.unfiled)
+            group.unfiled = []
+        self.unfiled.clear()
+
+    def file_histories(self) -> None:
+        """Every finished rollout into its prompt's history, in the order they finished (the next request's start,
+        :meth:`join`, or a checkpoint's state)."""
+        while self.finished:
+            key = next(iter(self.finished))
+            self._file_history(key, self.finished.pop(key))
+
+    def _file_history(self, key: bytes, group: Group) -> None:
+        """``group``'s last rollout appended to its history within ``max_history_tokens`` (else the history is
+        rebuilt from its newest responses), then idle prompts' histories dropped, least recently used first, while
+        all of them hold more than ``max_history_bytes``."""
+        opts = self.options
+        rollout, group.last_rollout = group.last_rollout, []
         kept = group.history.responses + rollout
         self.history_bytes -= group.history.nbytes
         if sum(stored_tokens(group.lead.size, r.size) for r in kept) <= opts.max_history_tokens:
@@ -306,12 +350,10 @@ class GroupStore:
             # the cost of the new tokens instead of the whole history (rebuilt at every rollout, it cost up to 8% of
             # a rollout's time once a few epochs were kept; results/sam/vs_suffix)
             group.history.add(rollout)
-            group.siblings.close()
         else:
             kept = newest_within(kept, group.lead.size, opts.max_history_tokens)
-            group.close()
+            group.history.close()
             group.history = ResponseCorpus.holding(self.pool, group.lead, group.counted, kept)
-        group.siblings = ResponseCorpus(self.pool, group.lead, group.counted)
         self.history_bytes += group.history.nbytes
         for k in [k for k, g in self.groups.items() if g.active == 0 and k != key]:  # least recently used first
             if self.history_bytes <= opts.max_history_bytes:
@@ -329,6 +371,7 @@ class GroupStore:
 
     def _drop(self, key: bytes) -> None:
         group = self.groups.pop(key)
+        self.finished.pop(key, None)
         self.history_bytes -= group.history.nbytes
         group.close()
 
@@ -442,6 +485,8 @@ class BatchDrafter:
         rows = slots.shape[0]
         if self._out.shape[0] < rows:
             self._alloc_out(rows)
+        if self.groups.unfiled:
+            self.groups.file_siblings()
         if self.global_corpus is not None:
             old = self.global_corpus.flush()
             if old is not None:

@@ -138,9 +138,11 @@ class SAMProposer:
 
         Call it between rollouts. vLLM's runner drops a finished request only at the next step, so the requests
         of a rollout's last steps are still tracked then; they are finished first, as the next
-        rollout's first step would finish them, so that a run resumed from this state drafts what an
-        uninterrupted one does."""
+        rollout's first step would finish them, and the finished rollouts go into their prompts' histories, as their
+        prompts' return would file them, so that a run resumed from this state drafts what an uninterrupted one
+        does."""
         self._finish(list(self.slot_of))
+        self.drafter.groups.file_histories()
         groups = self.drafter.groups.groups
         return {
             "groups": {
@@ -176,14 +178,21 @@ class SAMProposer:
     def _finish(self, request_ids: list[str]) -> None:
         """The requests left: each response, with the tokens its drafter had not taken yet (read from vLLM's request
         state, which outlives the runner's reference), goes to its prompt's group and settles its shadow draft."""
+        slots, tails = [], []
         for rid in request_ids:
             slot = self.slot_of.pop(rid)
             state = self.state_of.pop(slot)
-            prompt_len = self.drafter.requests[slot][1]
-            unseen = int(self.ingested[slot]) - prompt_len
-            tail = np.asarray(state.output_token_ids[unseen:], dtype=np.int32)
-            if tail.size:
-                self.shadows.resolve(np.array([slot]), tail, np.array([0, tail.size]), self.acceptance)
+            unseen = int(self.ingested[slot]) - self.drafter.requests[slot][1]
+            slots.append(slot)
+            tails.append(np.asarray(state.output_token_ids[unseen:], dtype=np.int32))
+        if not slots:
+            return
+        # one settling call for every finished request (most of a rollout's requests finish on its last few steps)
+        offsets = np.zeros(len(slots) + 1, dtype=np.int64)
+        np.cumsum([tail.size for tail in tails], out=offsets[1:])
+        if offsets[-1]:
+            self.shadows.resolve(np.array(slots), np.concatenate(tails), offsets, self.acceptance)
+        for slot, tail in zip(slots, tails, strict=True):
             self.drafter.finish(slot, tail)
             self.shadows.forget(slot)
 

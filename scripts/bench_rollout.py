@@ -212,10 +212,27 @@ def band_columns(bands: list[dict]) -> dict[str, dict[str, float]]:
 
     out: dict[str, dict[str, float]] = {}
     for i, band in enumerate(bands):
-        lo, hi = ACTIVE_BANDS[i % len(ACTIVE_BANDS)]
-        name = f"tok_s_active_{lo}_{'inf' if hi >= 1 << 30 else hi}"
-        out.setdefault(band["mode"], {})[name] = float(band["request_tok_s"])
+        out.setdefault(band["mode"], {})[band_key(*ACTIVE_BANDS[i % len(ACTIVE_BANDS)])] = float(band["request_tok_s"])
     return out
+
+
+def band_key(lo: int, hi: int) -> str:
+    """The column of a band of active requests: ``tok_s_active_<lo>_<hi>`` (``inf`` for the open top band)."""
+    return f"tok_s_active_{lo}_{'inf' if hi >= 1 << 30 else hi}"
+
+
+def rollout_band_speeds(timeline) -> dict[str, float]:
+    """One rollout's tokens/s per active request in each band (:func:`band_key`; NaN without a step there): what
+    :func:`same_token_band_pairs` compares."""
+    from recipe.dapo.timeline import ACTIVE_BANDS, speed_by_active_requests
+
+    bands = speed_by_active_requests([timeline])
+    return {band_key(*lohi): float(b["request_tok_s"]) for lohi, b in zip(ACTIVE_BANDS, bands, strict=True)}
+
+
+def _paired(runs: dict[str, list[dict]], name: str, off: str) -> list[tuple[dict, dict]]:
+    """(spec off's, the mode's) summaries of the repeats where both engines sampled as many tokens."""
+    return [(o, m) for o, m in zip(runs[off], runs[name], strict=False) if off != name and o["tokens"] == m["tokens"]]
 
 
 def same_token_pairs(runs: dict[str, list[dict]]) -> list[str]:
@@ -233,16 +250,12 @@ def same_token_pairs(runs: dict[str, list[dict]]) -> list[str]:
         "| mode | " + " | ".join(f"vs {off}" for off in offs) + " | all pairs |",
         "|---|" + "---|" * (len(offs) + 1),
     ]
-    for name, summaries in runs.items():
+    for name in runs:
         if name in offs[:1]:
             continue
         cells, pooled = [], []
         for off in offs:
-            ratios = [
-                o["rollout_time_s"] / m["rollout_time_s"]
-                for o, m in zip(runs[off], summaries, strict=False)
-                if off != name and o["tokens"] == m["tokens"]
-            ]
+            ratios = [o["rollout_time_s"] / m["rollout_time_s"] for o, m in _paired(runs, name, off)]
             pooled += ratios
             cells.append(
                 f"{len(ratios)}, {math.exp(np.mean(np.log(ratios))):.3f}x, {min(ratios):.3f}-{max(ratios):.3f}"
@@ -251,6 +264,41 @@ def same_token_pairs(runs: dict[str, list[dict]]) -> list[str]:
             )
         total = f"{len(pooled)}, **{math.exp(np.mean(np.log(pooled))):.3f}x**" if pooled else "-"
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {total} |")
+    return lines + same_token_band_pairs(runs, offs)
+
+
+def same_token_band_pairs(runs: dict[str, list[dict]], offs: list[str]) -> list[str]:
+    """Markdown: over the pairs of :func:`same_token_pairs`, each band's tokens/s per active request (the mode's over
+    spec off's, geometric mean over every spec-off engine's pairs where both had steps in the band; pairs and range
+    in parentheses). A pair that sampled the same tokens holds the same requests in each band for about the same
+    steps, so this compares the bands at equal work, without the pooled table's luck of which rollouts ran long.
+    Empty for rollouts logged without their bands."""
+    from recipe.dapo.timeline import ACTIVE_BANDS, band_label
+
+    keys = [band_key(*lohi) for lohi in ACTIVE_BANDS]
+    if not all(keys[0] in s for summaries in runs.values() for s in summaries):
+        return []
+    lines = [
+        "",
+        "The same pairs by active requests: tokens/s per active request, the mode's over spec off's in each band "
+        "(geometric mean over all pairs with steps in the band; pairs, range; -: none):",
+        "",
+        "| mode | " + " | ".join(band_label(*lohi) for lohi in ACTIVE_BANDS) + " |",
+        "|---|" + "---|" * len(keys),
+    ]
+    for name in runs:
+        if name in offs[:1]:
+            continue
+        pairs = [pair for off in offs for pair in _paired(runs, name, off)]
+        cells = []
+        for key in keys:
+            ratios = [m[key] / o[key] for o, m in pairs if o[key] > 0 and m[key] > 0]  # NaN compares False
+            cells.append(
+                f"{math.exp(np.mean(np.log(ratios))):.3f}x ({len(ratios)}, {min(ratios):.2f}-{max(ratios):.2f})"
+                if ratios
+                else "-"
+            )
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -385,6 +433,7 @@ def main() -> None:
             s["drafter_ms_per_step"] = (
                 math.nan if busy is None else 1000 * (engine.drafter_busy_s() - busy) / max(s["engine_steps"], 1)
             )
+            s.update(rollout_band_speeds(result.timeline))
             runs[name].append(s)
             timelines[name].append(result.timeline)
             print(rep, name, json.dumps({k: round(v, 3) for k, v in s.items()}))

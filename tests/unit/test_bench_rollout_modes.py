@@ -45,3 +45,33 @@ def test_same_token_pairs_compare_only_repeats_that_sampled_alike_and_rebuild_fr
         + "".join(f"{rep} {name} " + json.dumps(s) + "\n" for name, ss in runs.items() for rep, s in enumerate(ss))
     )
     assert bench_rollout.read_rollouts(log) == runs
+
+
+def test_same_token_pairs_by_band_pool_every_spec_off_engine_and_skip_bands_without_steps() -> None:
+    """The band table pairs the same repeats as the whole-rollout table, band by band, and leaves out a pair where
+    either rollout had no step in the band (NaN) rather than counting it as a zero."""
+    nan = float("nan")
+    keys = [bench_rollout.band_key(lo, hi) for lo, hi in ((1, 1), (2, 4), (5, 8), (9, 16), (17, 48), (49, 1 << 30))]
+
+    def rollout(tokens: int, band_speeds: list[float]) -> dict:
+        return {"tokens": tokens, "rollout_time_s": 1.0, **dict(zip(keys, band_speeds, strict=True))}
+
+    runs = {
+        "off": [rollout(100, [40, 30, 20, nan, nan, nan]), rollout(90, [40, 30, 20, nan, nan, nan])],
+        "sam": [rollout(100, [80, 30, 10, nan, nan, nan]), rollout(95, [10, 10, 10, nan, nan, nan])],
+        "off#2": [rollout(100, [nan, 60, 20, nan, nan, nan]), rollout(95, [40, 15, 40, nan, nan, nan])],
+    }
+    lines = bench_rollout.same_token_pairs(runs)
+    band_rows = {line.split(" | ")[0][2:]: line for line in lines[lines.index(BAND_HEADER) :] if line.startswith("| ")}
+    # pairs: (off, sam) in repeat 0, (off#2, sam) in repeats 0 and 1 (off sampled 90 tokens in repeat 1)
+    # band 1: 80/40 and 10/40 (off#2 had no step there in repeat 0); 2-4: 30/30, 30/60, 10/15; 5-8: 10/20, 10/20, 10/40
+    assert (
+        band_rows["sam"]
+        == "| sam | 0.707x (2, 0.25-2.00) | 0.693x (3, 0.50-1.00) | 0.397x (3, 0.25-0.50) | - | - | - |"
+    )
+    assert band_rows["off#2"] == "| off#2 | - | 2.000x (1, 2.00-2.00) | 1.000x (1, 1.00-1.00) | - | - | - |"
+    without_bands = {name: [{"tokens": 1, "rollout_time_s": 1.0}] for name in runs}
+    assert BAND_HEADER not in bench_rollout.same_token_pairs(without_bands)  # logged without bands: whole rollouts
+
+
+BAND_HEADER = "| mode | 1 | 2-4 | 5-8 | 9-16 | 17-48 | 49+ |"

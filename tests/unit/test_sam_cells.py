@@ -104,10 +104,10 @@ def test_counted_levels_are_the_support_and_share_of_the_text_up_to_each_token()
             slot = drafter.start(prompt, b"p")
             drafter.step(np.array([slot]), response, np.array([0, response.size]), np.array([K]))
             drafter.finish(slot)
-        corpus = drafter.groups.groups[b"p"].siblings.automaton.text().tolist()
         own = rng.integers(10, 14, size=int(rng.integers(1, 6))).astype(np.int32)
         args = np.array([probe]), own, np.array([0, own.size]), np.array([K])
         out, n, group, mlen, level = drafter.step_arrays(*args, PRIOR_TABLE)
+        corpus = drafter.groups.groups[b"p"].siblings.automaton.text().tolist()  # filed by the step
         if n[0] == 0 or group[0] != 1:
             continue
         context = prompt.tolist() + own.tolist()

@@ -3,7 +3,7 @@ proposer that learns both from its own calls (driven with a clock that advances 
 
 import numpy as np
 import pytest
-from test_sam_proposer import Driver, K, make_proposer
+from test_sam_proposer import Driver, K, filed_responses, make_proposer
 
 from sam.payoff import AcceptanceModel, ShadowDrafts, StepCost, nothing_can_pay, payoff_cut, payoff_lengths
 
@@ -256,8 +256,7 @@ def test_where_nothing_can_pay_the_drafter_works_one_step_in_four_and_loses_no_t
             if proposer.deferred_steps == deferred:  # a step that worked: every verified token is in
                 assert all(proposer.request_text(rid).tolist() == driver.text(rid) for rid in tracked)
         driver.step()
-        filed = sorted(r.tolist() for g in proposer.drafter.groups.groups.values() for r in g.history.responses)
-        assert filed == sorted(response for _prompt, response in rollout.values())
+        assert filed_responses(proposer) == sorted(response for _prompt, response in rollout.values())
         calls.append(ks_seen)
     lazy, eager = proposers
     assert lazy.deferred_steps > 0.6 * lazy.steps and eager.deferred_steps == 0

@@ -101,6 +101,11 @@ class Driver:
         return steps
 
 
+def filed_responses(proposer: SAMProposer) -> list[list[int]]:
+    """Every response in the prompts' histories, sorted, as a checkpoint holds them (it files the last rollout)."""
+    return sorted(r.tolist() for _lead, responses in proposer.state_dict()["groups"].values() for r in responses)
+
+
 def random_requests(rng, n: int, prompts: int = 3, max_len: int = 80) -> dict[str, tuple[list[int], list[int]]]:
     base = [list(map(int, rng.integers(0, 6, size=rng.integers(3, 9)))) for _ in range(prompts)]
     motif = list(map(int, rng.integers(0, 6, size=7)))
@@ -195,7 +200,8 @@ def test_siblings_draft_from_finished_siblings_and_history_across_rollouts():
     assert correct_from_sibling >= 3
     drv.step()
     group = next(iter(proposer.drafter.groups.groups.values()))
-    assert group.active == 0 and group.history.num_tokens > 2 * len(answer)
+    # the finished rollout waits for the next request's start, and never went into the sibling automaton whole
+    assert group.active == 0 and group.history.num_tokens == 0 and len(group.last_rollout) == 2
     # rollout 2 (next epoch): a new sample of the same prompt drafts from history right away
     drv2 = Driver(proposer, {"c": (prompt, answer)}, seed=5)
     drafted = 0
@@ -295,7 +301,7 @@ def test_sharing_switches_are_separate():
         proposer = make_proposer(batch_threshold=100, min_match=2, group_sharing=sharing, cross_epoch=history)
         Driver(proposer, {"a": (prompt, answer)}).run()
         if history:
-            assert next(iter(proposer.drafter.groups.groups.values())).history.num_tokens > 0
+            assert filed_responses(proposer) == [answer]
         else:
             assert proposer.drafter.groups.groups == {}
 
@@ -319,8 +325,9 @@ def test_history_is_bounded_by_bytes_and_evicted_memory_is_freed():
             batch_threshold=100, min_match=2, group_sharing=True, cross_epoch=True, max_history_tokens=64,
             max_history_bytes=max_history_bytes,
         )  # fmt: skip
-        for p in range(6):  # six prompts, one after the other
+        for p in range(6):  # six prompts, one after the other, each filing the last into its history as it starts
             Driver(proposer, {f"r{p}": ([1, 2, 3 + p], list(range(10 + p, 40 + p)))}, seed=p).run()
+        proposer.state_dict()  # a checkpoint files the last one
         return proposer.drafter.groups
 
     unbounded = run(1 << 30)
@@ -347,6 +354,8 @@ def test_history_grows_in_place_within_its_bound_and_drops_its_oldest_beyond_it(
         groups = [store.join(b"p", lead) for _ in responses]
         for group, response in zip(groups, responses, strict=True):
             store.leave(b"p", group, response)
+        assert store.groups[b"p"].siblings.num_tokens == 0  # the prompt finished: its siblings were never built
+        store.file_histories()
         kept.append(store.groups[b"p"].history)
         if len(kept) == 2:  # two rollouts, 4 responses: at the bound, appended to the same corpus
             history = kept[1]
@@ -386,8 +395,7 @@ def test_a_preempted_request_is_filed_once_with_its_whole_response(payoff):
     drv.run()
     assert drv.preemptions > 10 and proposer.preempted_steps == drv.preemptions
     assert (proposer.deferred_steps > 0) == payoff
-    filed = sorted(r.tolist() for g in proposer.drafter.groups.groups.values() for r in g.history.responses)
-    assert filed == sorted(response for _prompt, response in rollout.values())
+    assert filed_responses(proposer) == sorted(response for _prompt, response in rollout.values())
 
 
 def test_the_proposers_defaults_are_the_recipes_spec_sam_yaml():
@@ -400,3 +408,29 @@ def test_the_proposers_defaults_are_the_recipes_spec_sam_yaml():
 
     yaml = OmegaConf.to_container(OmegaConf.load(Path(__file__).parents[2] / "configs" / "spec" / "sam.yaml"))["sam"]
     assert yaml == asdict(SAMOptions())
+
+
+def test_finished_responses_are_filed_where_they_are_needed_and_drafted_from_on_the_next_step():
+    """A response that finishes while its prompt has samples running is filed by the next drafting step (every one
+    that finished since, counted once), and that step already drafts from it; a prompt whose samples all finished
+    never builds its sibling automaton, and its rollout goes into its history when the next request starts."""
+    opts = SAMOptions(batch_threshold=100, min_match=2, group_sharing=True, cross_epoch=True)
+    drafter = BatchDrafter(opts, K)
+    p, q = np.array([1, 2, 3], np.int32), np.array([4, 5, 6], np.int32)
+    answer = np.arange(10, 30, dtype=np.int32)
+    slots = {name: drafter.start(prompt, key) for name, prompt, key in (("p1", p, b"p"), ("p2", p, b"p"))}
+    slots |= {name: drafter.start(prompt, key) for name, prompt, key in (("p3", p, b"p"), ("q1", q, b"q"))}
+    for name in ("p1", "p2", "q1"):
+        drafter.requests[slots[name]][0].extend(answer)
+        drafter.finish(slots[name])
+    store = drafter.groups
+    group_p, group_q = store.groups[b"p"], store.groups[b"q"]
+    assert group_p.siblings.num_tokens == 0 and len(group_p.unfiled) == 2  # nothing built on the finishing step
+    assert group_q.siblings.num_tokens == 0 and group_q.history.num_tokens == 0 and len(group_q.last_rollout) == 1
+    opening = answer[:3]
+    draft = drafter.step(np.array([slots["p3"]]), opening, np.array([0, opening.size]), np.array([K]))[0]
+    assert draft == answer[3 : 3 + K].tolist()  # from the siblings the step filed
+    assert len(group_p.siblings.responses) == 2 and group_p.siblings.automaton.counted and not group_p.unfiled
+    assert group_q.history.num_tokens == 0  # q has not come back: its rollout still waits
+    drafter.start(np.array([7, 8, 9], np.int32), b"r")  # any request's start files every finished rollout
+    assert group_q.history.responses[0].tolist() == answer.tolist() and not store.finished
