@@ -305,12 +305,14 @@ class GroupStore:
 
     def leave(self, key: bytes, group: Group, response: np.ndarray) -> None:
         """A request of ``group`` finished with ``response``: it waits for the next drafting step
-        (:meth:`file_siblings`) or, if it was the prompt's last sample, for the prompt's return (:meth:`join`)."""
+        (:meth:`file_siblings`; only with ``group_sharing``, the siblings' automaton being no source otherwise) or,
+        if it was the prompt's last sample, for the next request's start (:meth:`join`)."""
         group.active -= 1
         if response.size:
             group.unfiled.append(response)
         if group.active > 0:
-            self.unfiled[key] = group
+            if self.options.group_sharing:
+                self.unfiled[key] = group
             return
         self.unfiled.pop(key, None)
         if not self.options.cross_epoch:

@@ -434,3 +434,19 @@ def test_finished_responses_are_filed_where_they_are_needed_and_drafted_from_on_
     assert group_q.history.num_tokens == 0  # q has not come back: its rollout still waits
     drafter.start(np.array([7, 8, 9], np.int32), b"r")  # any request's start files every finished rollout
     assert group_q.history.responses[0].tolist() == answer.tolist() and not store.finished
+
+
+def test_without_group_sharing_no_sibling_automaton_is_built_and_the_history_gets_every_response():
+    drafter = BatchDrafter(SAMOptions(min_match=2, group_sharing=False, cross_epoch=True), K)
+    prompt = np.array([1, 2, 3], np.int32)
+    responses = [np.arange(10, 20, dtype=np.int32) + i for i in range(3)]
+    slots = [drafter.start(prompt, b"p") for _ in responses]
+    for slot, response in zip(slots[:2], responses, strict=False):
+        drafter.requests[slot][0].extend(response)
+        drafter.finish(slot)
+    drafter.step(np.array(slots[2:]), responses[2][:1], np.array([0, 1]), np.array([K]))
+    assert drafter.groups.groups[b"p"].siblings.num_tokens == 0  # no request could draft from it
+    drafter.requests[slots[2]][0].extend(responses[2][1:])
+    drafter.finish(slots[2])
+    drafter.start(prompt, b"p")
+    assert [r.tolist() for r in drafter.groups.groups[b"p"].history.responses] == [r.tolist() for r in responses]
