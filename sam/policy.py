@@ -377,9 +377,6 @@ class GroupStore:
         self.history_bytes -= group.history.nbytes
         group.close()
 
-    def num_tokens(self) -> int:
-        return sum(g.siblings.num_tokens + g.history.num_tokens for g in self.groups.values())
-
 
 class BatchDrafter:
     """Every running request's draft state, stepped in one compiled call per decode step.
