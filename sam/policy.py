@@ -27,6 +27,9 @@ samples have all finished never builds them into its sibling automaton. A prompt
 history when the next request starts (on a step that prefills a prompt) or at a checkpoint. At the end of a rollout
 most requests finish on a few steps, and filing each of them on the spot cost a few milliseconds on the steps with
 the fewest requests, where a step takes 25-35 ms (results/real/README.md, "Band by band over the same tokens").
+vLLM's proposer goes one step further (:class:`sam.vllm.SAMProposer`): a request that leaves the batch is finished
+here (:meth:`BatchDrafter.finish`) only on a step where drafts can pay and only if a running request drafts from its
+response (:meth:`BatchDrafter.drafted_from`); every other one waits for the next request's start or a checkpoint.
 
 All automata of a drafter live in one :class:`~sam.automaton.AutomatonPool`, and :class:`BatchDrafter` runs a
 whole decode step (every running request's extend, matchers and draft) in one compiled call.
@@ -34,7 +37,7 @@ whole decode step (every running request's extend, matchers and draft) in one co
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -457,6 +460,18 @@ class BatchDrafter:
             self.global_corpus.add(response)
         self.src_slot[slot] = -1
         self.pool.release(slot)
+
+    def drafted_from(self, slots: list[int]) -> list[bool]:
+        """For requests that stopped but are not finished here yet: whether a running request would draft from each
+        one's response (a sample of its prompt still runs, with ``group_sharing``; every request, with
+        ``global_sharing``)."""
+        if self.global_corpus is not None:
+            return [True] * len(slots)
+        if not self.options.group_sharing:
+            return [False] * len(slots)
+        groups = [self.requests[slot][3] for slot in slots]
+        stopping = Counter(groups)
+        return [group.active > stopping[group] for group in groups]
 
     def text(self, slot: int) -> np.ndarray:
         return self.requests[slot][0].text()

@@ -7,7 +7,8 @@ scheduled request and no request ids. The ids are in the model runner that built
 included. :func:`sam.runner_hook.register` (a ``vllm.general_plugins`` entry point, so it runs in every vLLM
 worker) hands the runner to the proposer. A request is then tracked by its id: one whose row is missing but which the runner
 still holds was preempted (KV cache full) and keeps its automaton until it is scheduled again; one the runner
-no longer holds finished, and its response goes to its prompt's group. A new id starts a drafter keyed by its
+no longer holds left, and its response goes to its prompt's group where a running request drafts from it, else at the
+next request's start (:meth:`SAMProposer._finish_left`). A new id starts a drafter keyed by its
 prompt (its context before its first sampled token), which is what siblings and later epochs share. Only
 verified tokens ever enter an automaton: a row's are read from vLLM's ``token_ids_cpu`` up to
 ``num_tokens_no_spec``, from where its drafter left off (a step may leave its work to a later one), and a finished
@@ -90,6 +91,10 @@ class SAMProposer:
         self.slot_of: dict[str, int] = {}  # request id -> drafter slot, in the order requests started
         self.state_of: dict[int, object] = {}  # drafter slot -> vLLM's CachedRequestState of its request: the tokens
         # of a request that finished while its drafter lagged (_finish)
+        self.left: list[int] = []  # drafter slots of requests that left the batch, not finished in the drafter yet
+        # (_finish_left): most of a rollout's requests leave on its last few steps, the cheapest of the rollout
+        self.left_unneeded: list[int] = []  # ... of those, the ones whose responses no running request drafts from:
+        # they wait for the next request's start (a step that prefills prompts) or a checkpoint
         self.ingested = np.zeros(64, dtype=np.int64)  # per drafter slot: tokens its automaton holds (prompt included)
         self._rows: list | None = None  # the request id of each row at the last step, if its rows all had drafters
         # (None otherwise): a step with the same rows starts and finishes nothing
@@ -98,7 +103,8 @@ class SAMProposer:
         self.deferred_steps = 0  # steps where nothing could pay and the drafter left its work to a later step
         self.gated_steps = 0
         self.preempted_steps = 0  # request-steps spent preempted (row missing, request kept)
-        self.busy_s = 0.0  # time spent inside propose: the drafter's own share of the engine's steps
+        self.busy = np.zeros((2, int(vllm_config.scheduler_config.max_num_seqs) + 1))  # [seconds inside propose,
+        # calls] by the step's scheduled rows: the drafter's own share of the engine's steps, by batch size
         # the payoff rule (sam/payoff.py): step cost and acceptance learned from this engine's own steps
         pinned = self.options.payoff_cost
         self.step_cost = StepCost() if pinned is None else PinnedStepCost(pinned)
@@ -141,7 +147,9 @@ class SAMProposer:
         rollout's first step would finish them, and the finished rollouts go into their prompts' histories, as their
         prompts' return would file them, so that a run resumed from this state drafts what an uninterrupted one
         does."""
-        self._finish(list(self.slot_of))
+        self.left += self.slot_of.values()
+        self.slot_of.clear()
+        self._finish_left()
         self.drafter.groups.file_histories()
         groups = self.drafter.groups.groups
         return {
@@ -159,6 +167,7 @@ class SAMProposer:
         self.drafter = BatchDrafter(self.options, self.k)
         self.shadows = ShadowDrafts(self.k)  # slots restart with the new drafter
         self.slot_of, self.state_of, self._rows = {}, {}, None
+        self.left, self.left_unneeded = [], []
         for key, (lead, responses) in state["groups"].items():
             self.drafter.groups.restore(key, np.asarray(lead, dtype=np.int32), responses)
         if self.drafter.global_corpus is not None and state.get("global") is not None:
@@ -172,18 +181,41 @@ class SAMProposer:
         return self.drafter.text(self.slot_of[request_id])
 
     @property
-    def num_requests(self) -> int:
-        return len(self.drafter.requests)
+    def busy_s(self) -> float:
+        """Seconds spent inside :meth:`propose` so far."""
+        return float(self.busy[0].sum())
 
-    def _finish(self, request_ids: list[str]) -> None:
-        """The requests left: each response, with the tokens its drafter had not taken yet (read from vLLM's request
-        state, which outlives the runner's reference), goes to its prompt's group and settles its shadow draft."""
-        slots, tails = [], []
-        for rid in request_ids:
-            slot = self.slot_of.pop(rid)
+    def _account(self, since: float, rows: int) -> None:
+        self.busy[0, rows] += self.clock() - since
+        self.busy[1, rows] += 1
+
+    @property
+    def num_requests(self) -> int:
+        """Requests tracked: started and not seen to leave the batch (preempted ones included)."""
+        return len(self.slot_of)
+
+    def _finish_left(self, needed_only: bool = False) -> None:
+        """Finish the requests that left the batch in the drafter (:meth:`_finish`): with ``needed_only``, those whose
+        responses a running request drafts from (:meth:`sam.policy.BatchDrafter.drafted_from`), on a step where
+        drafts can pay; else all of them (a step that starts a request, so its group holds its finished siblings, or
+        a checkpoint). Leaving costs the finishing step nothing but the bookkeeping."""
+        if needed_only:
+            needed = self.drafter.drafted_from(self.left)
+            self.left_unneeded += (slot for slot, n in zip(self.left, needed, strict=True) if not n)
+            slots = [slot for slot, n in zip(self.left, needed, strict=True) if n]
+        else:
+            slots = self.left_unneeded + self.left
+            self.left_unneeded = []
+        self.left = []
+        self._finish(slots)
+
+    def _finish(self, slots: list[int]) -> None:
+        """Each response, with the tokens its drafter had not taken yet (read from vLLM's request state, which
+        outlives the runner's reference), goes to its prompt's group and settles its shadow draft."""
+        tails = []
+        for slot in slots:
             state = self.state_of.pop(slot)
             unseen = int(self.ingested[slot]) - self.drafter.requests[slot][1]
-            slots.append(slot)
             tails.append(np.asarray(state.output_token_ids[unseen:], dtype=np.int32))
         if not slots:
             return
@@ -198,8 +230,9 @@ class SAMProposer:
 
     def _slots(self, req_ids: list, sampled_token_ids, num_tokens, token_ids_cpu) -> tuple[np.ndarray, int]:
         """Drafter slot of each row (-1 for a new request that has not sampled yet) and how many rows started a
-        request in this step (their prompts were prefilled in it). Finishes the requests the runner no longer
-        holds, then starts the new ones (so a new request's group already holds its finished siblings)."""
+        request in this step (their prompts were prefilled in it). The requests the runner no longer holds left
+        (:meth:`_finish_left`); a step with new requests finishes every request that left, then starts the new ones
+        (so a new request's group already holds its finished siblings)."""
         slot_of = self.slot_of
         slots = list(map(slot_of.get, req_ids, repeat(-1, len(req_ids))))
         new = [r for r, slot in enumerate(slots) if slot < 0]
@@ -209,7 +242,9 @@ class SAMProposer:
             gone = [rid for rid in slot_of if rid not in scheduled]
             finished = [rid for rid in gone if rid not in unfinished]
             self.preempted_steps += len(gone) - len(finished)
-            self._finish(finished)
+            self.left += (slot_of.pop(rid) for rid in finished)
+        if new and (self.left or self.left_unneeded):
+            self._finish_left()
         for r in new:
             if sampled_token_ids[r]:
                 before = int(num_tokens[r]) - len(sampled_token_ids[r])
@@ -294,8 +329,10 @@ class SAMProposer:
             self.deferred_steps += 1
             self.gated_steps += rows > self.options.batch_threshold
             self._last_drafted = 0
-            self.busy_s += self.clock() - now
+            self._account(now, rows)
             return [[] for _ in range(rows)]
+        if self.left and not idle:
+            self._finish_left(needed_only=True)
         offsets = np.empty(rows + 1, dtype=np.int64)
         ks = np.empty(rows, dtype=np.int64)
         tokens, live = _catch_up(
@@ -314,5 +351,5 @@ class SAMProposer:
         )
         if payoff:
             lengths = self._pay(rows, slots, drafts, lengths, group, mlen, level, idle)
-        self.busy_s += self.clock() - now
+        self._account(now, rows)
         return draft_lists(drafts, lengths)

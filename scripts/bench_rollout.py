@@ -230,6 +230,53 @@ def rollout_band_speeds(timeline) -> dict[str, float]:
     return {band_key(*lohi): float(b["request_tok_s"]) for lohi, b in zip(ACTIVE_BANDS, bands, strict=True)}
 
 
+def drafter_ms(before: np.ndarray | None, after: np.ndarray | None) -> dict[str, float]:
+    """The drafter's own ms per engine step over a rollout (``drafter_ms_per_step``) and per band of scheduled rows
+    (``drafter_ms_<lo>_<hi>``), from its [seconds, calls] by rows before and after it (NaN: not SAM, or no step in
+    the band): whether its work lands on the cheap steps at the end of a rollout."""
+    from recipe.dapo.timeline import ACTIVE_BANDS
+
+    keys = ["drafter_ms_per_step", *(drafter_band_key(*lohi) for lohi in ACTIVE_BANDS)]
+    if before is None or after is None:
+        return dict.fromkeys(keys, math.nan)
+    seconds, calls = after - before
+    spans = [slice(0, None), *(slice(lo, hi + 1) for lo, hi in ACTIVE_BANDS)]
+    return {
+        key: 1000 * seconds[span].sum() / calls[span].sum() if calls[span].sum() else math.nan
+        for key, span in zip(keys, spans, strict=True)
+    }
+
+
+def drafter_band_key(lo: int, hi: int) -> str:
+    return band_key(lo, hi).replace("tok_s_active", "drafter_ms")
+
+
+def drafter_ms_table(runs: dict[str, list[dict]]) -> list[str]:
+    """Markdown: each SAM mode's own ms per engine step in each band of scheduled rows, the median over its rollouts
+    with steps in the band (-: none)."""
+    from recipe.dapo.timeline import ACTIVE_BANDS, band_label
+
+    keys = [drafter_band_key(*lohi) for lohi in ACTIVE_BANDS]
+    lines = []
+    for name, summaries in runs.items():
+        values = [np.array([s.get(key, math.nan) for s in summaries], dtype=float) for key in keys]
+        if not any(np.isfinite(v).any() for v in values):
+            continue  # no SAM drafter, or rollouts logged without it
+        cells = [f"{np.nanmedian(v):.3f}" if np.isfinite(v).any() else "-" for v in values]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    if not lines:
+        return []
+    return [
+        "",
+        "The drafter's own ms per engine step by scheduled requests (median over the rollouts with steps in the band; "
+        "inside the step time; -: none):",
+        "",
+        "| mode | " + " | ".join(band_label(*lohi) for lohi in ACTIVE_BANDS) + " |",
+        "|---|" + "---|" * len(keys),
+        *lines,
+    ]
+
+
 def _paired(runs: dict[str, list[dict]], name: str, off: str) -> list[tuple[dict, dict]]:
     """(spec off's, the mode's) summaries of the repeats where both engines sampled as many tokens."""
     return [(o, m) for o, m in zip(runs[off], runs[name], strict=False) if off != name and o["tokens"] == m["tokens"]]
@@ -427,12 +474,10 @@ def main() -> None:
         for name in names[rep % len(names) :] + names[: rep % len(names)]:
             engine = engines[name]
             engine.reseed(1000 + rep)  # every mode's rollout of a repeat draws from the same sampler seed
-            busy = engine.drafter_busy_s()
+            busy = engine.drafter_busy()
             result = engine.generate(prompts, args.n, sampling)
             s = result.timeline.summary(args.tail)
-            s["drafter_ms_per_step"] = (
-                math.nan if busy is None else 1000 * (engine.drafter_busy_s() - busy) / max(s["engine_steps"], 1)
-            )
+            s.update(drafter_ms(busy, engine.drafter_busy()))
             s.update(rollout_band_speeds(result.timeline))
             runs[name].append(s)
             timelines[name].append(result.timeline)
@@ -516,6 +561,7 @@ def main() -> None:
         )
     lines += by_active_requests_table(bands)
     lines += same_token_pairs(runs)
+    lines += drafter_ms_table(runs)
     (out / "rollout_e2e.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 
 from recipe.dapo.timeline import RolloutTimeline
@@ -176,9 +177,11 @@ def _record_suffix_tree_on_worker(worker) -> None:
         drafter.suffix_cache = RecordedSuffixCache(old.max_tree_depth, old.max_cached_requests)
 
 
-def _drafter_busy_on_worker(worker) -> float | None:
-    """Runs in a vLLM worker: seconds SAM's proposer has spent inside ``propose`` (None for other drafters)."""
-    return getattr(getattr(worker.model_runner, "drafter", None), "busy_s", None)
+def _drafter_busy_on_worker(worker) -> np.ndarray | None:
+    """Runs in a vLLM worker: SAM's proposer's [seconds inside ``propose``, calls] by the step's scheduled rows
+    (None for other drafters)."""
+    busy = getattr(getattr(worker.model_runner, "drafter", None), "busy", None)
+    return None if busy is None else busy.copy()
 
 
 def _drafter_state_on_worker(worker, blob: bytes | None = None) -> bytes | None:
@@ -287,8 +290,9 @@ class RolloutEngine:
         state = self.llm.collective_rpc(_drafter_state_on_worker)[0]
         return None if state is None else pickle.dumps({"method": self.spec_config["method"], "state": state})
 
-    def drafter_busy_s(self) -> float | None:
-        """Seconds the drafter has spent proposing in this engine so far (SAM only; None for other methods)."""
+    def drafter_busy(self) -> np.ndarray | None:
+        """The drafter's [seconds proposing, calls] so far in this engine, by the step's scheduled rows (SAM only;
+        None for other methods)."""
         return self.llm.collective_rpc(_drafter_busy_on_worker)[0]
 
     def load_drafter_state(self, blob: bytes) -> None:

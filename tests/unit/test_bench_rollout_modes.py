@@ -4,6 +4,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 _spec = importlib.util.spec_from_file_location(
     "bench_rollout", Path(__file__).resolve().parents[2] / "scripts" / "bench_rollout.py"
 )
@@ -75,3 +77,24 @@ def test_same_token_pairs_by_band_pool_every_spec_off_engine_and_skip_bands_with
 
 
 BAND_HEADER = "| mode | 1 | 2-4 | 5-8 | 9-16 | 17-48 | 49+ |"
+
+
+def test_drafter_ms_splits_the_proposers_time_by_band_of_scheduled_rows() -> None:
+    import math
+
+    import numpy as np
+
+    before = np.zeros((2, 65))
+    before[:, 3] = [0.5, 100]  # earlier rollouts: not this one's
+    after = before.copy()
+    after[:, 3] += [0.002, 2]  # 2 steps of 3 rows, 1 ms each
+    after[:, 6] += [0.004, 1]  # 1 step of 6 rows, 4 ms
+    after[:, 64] += [0.020, 40]  # 40 steps of 64 rows, 0.5 ms each
+    ms = bench_rollout.drafter_ms(before, after)
+    expected = {"drafter_ms_2_4": 1.0, "drafter_ms_5_8": 4.0, "drafter_ms_49_inf": 0.5, "drafter_ms_per_step": 26 / 43}
+    assert {key: ms[key] for key in expected} == pytest.approx(expected)
+    assert math.isnan(ms["drafter_ms_1_1"]) and math.isnan(ms["drafter_ms_9_16"])  # no step there
+    assert all(math.isnan(v) for v in bench_rollout.drafter_ms(None, None).values())  # not SAM
+    runs = {"off": [bench_rollout.drafter_ms(None, None)], "sam": [ms, {**ms, "drafter_ms_5_8": 2.0}]}
+    rows = [line for line in bench_rollout.drafter_ms_table(runs) if line.startswith("| sam")]
+    assert rows == ["| sam | - | 1.000 | 3.000 | - | - | 0.500 |"]  # off has no row; the 5-8 band's median

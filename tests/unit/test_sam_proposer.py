@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from sam.automaton import AutomatonPool, SuffixAutomaton
+from sam.keys import prompt_key
 from sam.policy import BatchDrafter, GroupStore, ResponseCorpus, SAMOptions
 from sam.vllm import SAMProposer
 
@@ -146,9 +147,11 @@ def test_requests_are_tracked_through_reordering_and_preemption_and_only_verifie
             assert proposer.request_text(rid).tolist() == drv.text(rid)
     assert (drv.preemptions > 20) == (preempt > 0)
     drv.step()
-    assert proposer.num_requests == 0  # finished requests are freed
+    assert proposer.num_requests == 0  # the finished requests left ...
+    assert proposer.drafter.pool.live() == 12  # ... and wait, no running request drafting from them
+    Driver(proposer, {"next": ([1, 2, 3], [4, 5])}).step()  # the next request's start frees them
     assert proposer.drafter.groups.groups == {}
-    assert proposer.drafter.pool.live() == 0  # and so are their automata
+    assert proposer.drafter.pool.live() == 1  # and their automata: only the new request's is left
 
 
 def test_batch_size_gate_turns_drafting_on_in_the_tail():
@@ -200,8 +203,9 @@ def test_siblings_draft_from_finished_siblings_and_history_across_rollouts():
     assert correct_from_sibling >= 3
     drv.step()
     group = next(iter(proposer.drafter.groups.groups.values()))
-    # the finished rollout waits for the next request's start, and never went into the sibling automaton whole
-    assert group.active == 0 and group.history.num_tokens == 0 and len(group.last_rollout) == 2
+    # a went into the sibling automaton for b; b, which no running request drafts from, waits in the proposer for the
+    # next request's start, and the rollout is in no history yet
+    assert len(group.siblings.responses) == 1 and len(proposer.left_unneeded) == 1 and group.history.num_tokens == 0
     # rollout 2 (next epoch): a new sample of the same prompt drafts from history right away
     drv2 = Driver(proposer, {"c": (prompt, answer)}, seed=5)
     drafted = 0
@@ -302,8 +306,8 @@ def test_sharing_switches_are_separate():
         Driver(proposer, {"a": (prompt, answer)}).run()
         if history:
             assert filed_responses(proposer) == [answer]
-        else:
-            assert proposer.drafter.groups.groups == {}
+        else:  # no history kept: once finished (here by the checkpoint), the prompt's group is gone
+            assert filed_responses(proposer) == [] and proposer.drafter.groups.groups == {}
 
 
 def test_bad_options_are_named():
@@ -450,3 +454,44 @@ def test_without_group_sharing_no_sibling_automaton_is_built_and_the_history_get
     drafter.finish(slots[2])
     drafter.start(prompt, b"p")
     assert [r.tolist() for r in drafter.groups.groups[b"p"].history.responses] == [r.tolist() for r in responses]
+
+
+def run_until_left(drv: Driver, names: tuple[str, ...]) -> None:
+    """Steps until ``names`` finished, then one step more: the one whose rows show vLLM dropped them."""
+    while any(name in drv.unfinished for name in names):
+        drv.step()
+    drv.step()
+
+
+def test_a_request_that_leaves_is_finished_by_the_next_drafting_step_only_if_a_running_sibling_drafts_from_it():
+    p, q = [1, 2, 3], [4, 5, 6]
+    short, long = list(range(10, 18)), list(range(20, 80))
+    proposer = make_proposer(batch_threshold=100, min_match=2, group_sharing=True, cross_epoch=True)
+    drv = Driver(proposer, {"p1": (p, short), "p2": (p, long), "q1": (q, short)})
+    run_until_left(drv, ("p1", "q1"))
+    assert "p2" in drv.unfinished
+    groups = proposer.drafter.groups.groups
+    group_p, group_q = groups[prompt_key(np.array(p, np.int32))], groups[prompt_key(np.array(q, np.int32))]
+    assert [r.tolist() for r in group_p.siblings.responses] == [short]  # p2 drafts from p1: finished
+    assert len(proposer.left_unneeded) == 1 and group_q.active == 1  # nothing drafts from q1: it waits
+    Driver(proposer, {"q2": (q, short)}).step()  # a request's start finishes everything that left
+    assert [r.tolist() for r in group_q.history.responses] == [short] and not proposer.left_unneeded
+
+
+def test_a_step_where_nothing_can_pay_finishes_nothing_and_the_next_start_files_every_response():
+    p = [1, 2, 3]
+    rollout = {"a": (p, list(range(10, 18))), "b": (p, list(range(20, 30))), "c": (p, list(range(30, 90)))}
+    proposer = make_proposer(
+        batch_threshold=100, min_match=2, payoff=True, payoff_cost=[0.0, 0.01, 0.01, 0.0, 0.0]
+    )  # a cost no draft pays: every step is idle
+    drv = Driver(proposer, rollout)
+    run_until_left(drv, ("a", "b"))
+    live = proposer.drafter.pool.live()
+    assert len(proposer.left) == 2 and len(proposer.drafter.requests) == 3  # left, not finished in the drafter
+    assert proposer.drafter.groups.groups[prompt_key(np.array(p, np.int32))].siblings.num_tokens == 0
+    drv.run()
+    assert proposer.drafter.pool.live() == live  # c left too; still nothing finished
+    Driver(proposer, {"next": ([7, 8], [1])}).step()
+    assert not proposer.left and len(proposer.drafter.requests) == 1
+    history = proposer.drafter.groups.groups[prompt_key(np.array(p, np.int32))].history
+    assert sorted(r.tolist() for r in history.responses) == sorted(response for _prompt, response in rollout.values())
