@@ -28,8 +28,8 @@ history when the next request starts (on a step that prefills a prompt) or at a 
 most requests finish on a few steps, and filing each of them on the spot cost a few milliseconds on the steps with
 the fewest requests, where a step takes 25-35 ms (results/real/README.md, "Band by band over the same tokens").
 vLLM's proposer goes one step further (:class:`sam.vllm.SAMProposer`): a request that leaves the batch is finished
-here (:meth:`BatchDrafter.finish`) only on a step where drafts can pay and only if a running request drafts from its
-response (:meth:`BatchDrafter.drafted_from`); every other one waits for the next request's start or a checkpoint.
+here (:meth:`BatchDrafter.finish`) only on a step where the drafter works and only if a running request drafts from
+its response (:meth:`BatchDrafter.drafted_from`); every other one waits for the next request's start or a checkpoint.
 
 All automata of a drafter live in one :class:`~sam.automaton.AutomatonPool`, and :class:`BatchDrafter` runs a
 whole decode step (every running request's extend, matchers and draft) in one compiled call.

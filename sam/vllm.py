@@ -196,9 +196,11 @@ class SAMProposer:
 
     def _finish_left(self, needed_only: bool = False) -> None:
         """Finish the requests that left the batch in the drafter (:meth:`_finish`): with ``needed_only``, those whose
-        responses a running request drafts from (:meth:`sam.policy.BatchDrafter.drafted_from`), on a step where
-        drafts can pay; else all of them (a step that starts a request, so its group holds its finished siblings, or
-        a checkpoint). Leaving costs the finishing step nothing but the bookkeeping."""
+        responses a running request drafts from (:meth:`sam.policy.BatchDrafter.drafted_from`), on a step where the
+        drafter works (its drafts and shadow drafts, which teach the payoff rule what sibling material is worth, need
+        them); else all of them (a step that starts a request, so its group holds its finished siblings, or a
+        checkpoint). A step that leaves the drafter's work to a later one costs the leaving requests nothing but the
+        bookkeeping."""
         if needed_only:
             needed = self.drafter.drafted_from(self.left)
             self.left_unneeded += (slot for slot, n in zip(self.left, needed, strict=True) if not n)
@@ -331,7 +333,7 @@ class SAMProposer:
             self._last_drafted = 0
             self._account(now, rows)
             return [[] for _ in range(rows)]
-        if self.left and not idle:
+        if self.left:
             self._finish_left(needed_only=True)
         offsets = np.empty(rows + 1, dtype=np.int64)
         ks = np.empty(rows, dtype=np.int64)

@@ -6,7 +6,10 @@ rollout, so any work the drafter does there weighs most. This times, on :class:`
 default options (group sharing, cross-epoch history, counted corpora), each epoch of ``--prompts`` x ``--n``
 requests whose responses are drawn from a small vocabulary (word-problem-like repeats):
 
-- ``finish``: all but ``--left`` requests finishing on one step (vLLM reports them to the proposer together);
+- ``finish``: all but ``--left`` requests finished in the drafter at once (vLLM reports them to the proposer together;
+  :class:`sam.vllm.SAMProposer` finishes them in the drafter on the next step where drafts can pay if a running
+  request drafts from them, else at the next request's start: their cost lands on such a step, not on the first
+  step without them);
 - ``next step``: the next drafting step of the requests left (it files what its prompts' siblings wrote);
 - ``next rollout's first start``: the first request of the next epoch (it files the finished rollouts into their
   prompts' histories; vLLM runs it on a step that prefills prompts).

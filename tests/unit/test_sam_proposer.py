@@ -12,6 +12,7 @@ import pytest
 
 from sam.automaton import AutomatonPool, SuffixAutomaton
 from sam.keys import prompt_key
+from sam.payoff import CATCH_UP_EVERY
 from sam.policy import BatchDrafter, GroupStore, ResponseCorpus, SAMOptions
 from sam.vllm import SAMProposer
 
@@ -478,20 +479,33 @@ def test_a_request_that_leaves_is_finished_by_the_next_drafting_step_only_if_a_r
     assert [r.tolist() for r in group_q.history.responses] == [short] and not proposer.left_unneeded
 
 
-def test_a_step_where_nothing_can_pay_finishes_nothing_and_the_next_start_files_every_response():
-    p = [1, 2, 3]
-    rollout = {"a": (p, list(range(10, 18))), "b": (p, list(range(20, 30))), "c": (p, list(range(30, 90)))}
+def test_a_deferred_step_finishes_nothing_and_a_working_one_only_what_a_running_request_drafts_from():
+    p, q = [1, 2, 3], [4, 5, 6]
+    rollout = {"a": (p, list(range(10, 18))), "c": (p, list(range(30, 90))), "b": (q, list(range(20, 28)))}
     proposer = make_proposer(
         batch_threshold=100, min_match=2, payoff=True, payoff_cost=[0.0, 0.01, 0.01, 0.0, 0.0]
-    )  # a cost no draft pays: every step is idle
+    )  # a cost no draft pays: the drafter works on one step in CATCH_UP_EVERY and defers the others
     drv = Driver(proposer, rollout)
-    run_until_left(drv, ("a", "b"))
-    live = proposer.drafter.pool.live()
+    drv.step()  # starts the requests
+    deferred, steps = proposer.deferred_steps, 0
+    while steps == 0 or "a" in drv.unfinished or "b" in drv.unfinished:
+        steps += 1
+        proposer.steps = CATCH_UP_EVERY * 10  # the next step defers
+        drv.step()
+    proposer.steps = CATCH_UP_EVERY * 10
+    drv.step()  # the step whose rows show that a and b left
+    assert proposer.deferred_steps == deferred + steps + 1
     assert len(proposer.left) == 2 and len(proposer.drafter.requests) == 3  # left, not finished in the drafter
-    assert proposer.drafter.groups.groups[prompt_key(np.array(p, np.int32))].siblings.num_tokens == 0
+    proposer.steps = CATCH_UP_EVERY * 11 - 1  # the next step works
+    drv.step()
+    group_p = proposer.drafter.groups.groups[prompt_key(np.array(p, np.int32))]
+    assert [r.tolist() for r in group_p.siblings.responses] == [rollout["a"][1]]  # c drafts from a: finished
+    assert len(proposer.left_unneeded) == 1 and len(proposer.drafter.requests) == 2  # b waits
     drv.run()
-    assert proposer.drafter.pool.live() == live  # c left too; still nothing finished
-    Driver(proposer, {"next": ([7, 8], [1])}).step()
-    assert not proposer.left and len(proposer.drafter.requests) == 1
-    history = proposer.drafter.groups.groups[prompt_key(np.array(p, np.int32))].history
-    assert sorted(r.tolist() for r in history.responses) == sorted(response for _prompt, response in rollout.values())
+    Driver(proposer, {"next": ([7, 8], [1])}).step()  # a request's start finishes everything that left
+    assert not proposer.left and not proposer.left_unneeded and len(proposer.drafter.requests) == 1
+    histories = [proposer.drafter.groups.groups[prompt_key(np.array(x, np.int32))].history for x in (p, q)]
+    assert [sorted(r.tolist() for r in h.responses) for h in histories] == [
+        sorted([rollout["a"][1], rollout["c"][1]]),
+        [rollout["b"][1]],
+    ]
