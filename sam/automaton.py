@@ -406,39 +406,35 @@ def _count(pf_l, cl_l, meta_l, stats_l, slot) -> None:
     rows = n + 1 + n_clones
     st = np.empty((rows, 2), dtype=np.int32)
     _huge_pages(st)
-    st[0, S_OCC] = 0
-    st[0, S_LAST] = -1
-    for i in range(1, n + 1):  # each prefix state's strings end once, at its own position
-        st[i, S_OCC] = 1
-        st[i, S_LAST] = i - 1
-    st[n + 1 :, S_OCC] = 0
-    st[n + 1 :, S_LAST] = -1
-    # states longest first (a link is strictly shorter): prefix state i is the one of length i, so only the clones
-    # need sorting (by a counting sort on their lengths)
-    first = np.zeros(n + 2, dtype=np.int32)  # first[length]: where the clones of that length start in ``order``
+    st[:, S_OCC] = 0
+    st[:, S_LAST] = -1
+    by_length = np.zeros(n + 2, dtype=np.int64)  # counting sort of the states, longest first
+    by_length[: n + 1] = 1
     for j in range(n_clones):
-        first[cl[j, C_LEN] + 1] += 1
-    for length in range(1, n + 2):
-        first[length] += first[length - 1]
-    order = np.empty(n_clones, dtype=np.int32)
+        by_length[cl[j, C_LEN]] += 1
+    at = 0
+    for length in range(n, -1, -1):
+        count = by_length[length]
+        by_length[length] = at
+        at += count
+    order = np.empty(rows, dtype=np.int64)
+    for i in range(n + 1):
+        order[by_length[i]] = i
+        by_length[i] += 1
     for j in range(n_clones):
         length = cl[j, C_LEN]
-        order[first[length]] = j
-        first[length] += 1  # now the end of that length's clones
-    at = n_clones - 1
-    for length in range(n, 0, -1):
-        link = pf[length, P_LINK]
+        order[by_length[length]] = n + 1 + j
+        by_length[length] += 1
+    for i in range(1, n + 1):
+        st[i, S_OCC] = 1
+        st[i, S_LAST] = i - 1
+    for r in order:
+        if r == 0:
+            continue
+        link = pf[r, P_LINK] if r <= n else cl[r - n - 1, C_LINK]
         up = link if link < CLONE else n + 1 + (link - CLONE)
-        st[up, S_OCC] += st[length, S_OCC]
-        st[up, S_LAST] = max(st[up, S_LAST], st[length, S_LAST])
-        while at >= 0 and cl[order[at], C_LEN] == length:
-            j = order[at]
-            r = n + 1 + j
-            link = cl[j, C_LINK]
-            up = link if link < CLONE else n + 1 + (link - CLONE)
-            st[up, S_OCC] += st[r, S_OCC]
-            st[up, S_LAST] = max(st[up, S_LAST], st[r, S_LAST])
-            at -= 1
+        st[up, S_OCC] += st[r, S_OCC]
+        st[up, S_LAST] = max(st[up, S_LAST], st[r, S_LAST])
     stats_l[slot] = st
     meta[COUNTED_LEN] = n
 

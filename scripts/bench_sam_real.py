@@ -273,6 +273,10 @@ def main() -> None:
         "--sam-option", action="append", default=[], metavar="KEY=VALUE",
         help="a SAM option over configs/spec/sam.yaml's for the teacher-forced sweep (files named *_KEYVALUE)",
     )  # fmt: skip
+    parser.add_argument(
+        "--ingest-only", action="store_true",
+        help="measure ingest only (sam_ingest*.md and the ingest of sam_real*.json), not the teacher-forced sweep",
+    )  # fmt: skip
     args = parser.parse_args()
 
     sam_options = {}
@@ -308,19 +312,26 @@ def main() -> None:
         "distinct_token_ids": distinct,
         "mean_prompt_corpus_tokens": float(np.mean([c.size for c in per_prompt])),
     }
-    sweep = teacher_forced_sweep(groups, sam_options)
-    cost = step_cost(groups)
-    print("drafter step", json.dumps(cost), flush=True)
     options_flags = "".join(f" --sam-option {k}={v}" for k, v in sam_options.items())
     over = f" with {sam_options}" if sam_options else ""
-    (out / f"sam_real{tag}.json").write_text(
-        json.dumps({**meta, "ingest": rows, "teacher_forced": sweep, "step_cost": cost}, indent=2)
-    )
+    record_path = out / f"sam_real{tag}.json"
+    if args.ingest_only:
+        kept = json.loads(record_path.read_text()) if record_path.is_file() else {}
+        record_path.write_text(json.dumps({**kept, **meta, "ingest": rows}, indent=2))
+        sweep = cost = None
+    else:
+        sweep = teacher_forced_sweep(groups, sam_options)
+        cost = step_cost(groups)
+        print("drafter step", json.dumps(cost), flush=True)
+        record_path.write_text(
+            json.dumps({**meta, "ingest": rows, "teacher_forced": sweep, "step_cost": cost}, indent=2)
+        )
     lines = [
         f"# SAM on a real model's token ids ({args.model})",
         "",
         f"Produced by `.venv/bin/python scripts/bench_sam_real.py --prompts {args.prompts} --n {args.n} --max-tokens "
-        f"{args.max_tokens} --repeats {args.repeats} --split {args.split}{options_flags}`: {meta['tokens']:,} tokens of the model's own responses at "
+        f"{args.max_tokens} --repeats {args.repeats} --split {args.split}{options_flags}"
+        f"{' --ingest-only' if args.ingest_only else ''}`: {meta['tokens']:,} tokens of the model's own responses at "
         f"temperature 1 ({distinct:,} distinct ids of a 49,152-token vocabulary; {meta['mean_prompt_corpus_tokens']:.0f}"
         " tokens per prompt's corpus), stored as SAM's group corpora store them (3 lead tokens, response, separator);"
         " beside them the standard library's bytes, cut to the same length, in the same run. Medians of "
@@ -332,6 +343,8 @@ def main() -> None:
     ]
     (out / f"sam_ingest{tag}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+    if sweep is None:
+        return
     tf = [
         f"# Teacher-forced drafting on {args.model}'s own rollouts, SAM vs vLLM suffix, thresholds swept",
         "",
