@@ -180,11 +180,6 @@ class SAMProposer:
         the payoff rule; with it, steps where nothing can pay leave the work to a later step: :meth:`propose`)."""
         return self.drafter.text(self.slot_of[request_id])
 
-    @property
-    def busy_s(self) -> float:
-        """Seconds spent inside :meth:`propose` so far."""
-        return float(self.busy[0].sum())
-
     def _account(self, since: float, rows: int) -> None:
         self.busy[0, rows] += self.clock() - since
         self.busy[1, rows] += 1

@@ -7,7 +7,7 @@ default options (group sharing, cross-epoch history, counted corpora), each epoc
 requests whose responses are drawn from a small vocabulary (word-problem-like repeats):
 
 - ``finish``: all but ``--left`` requests finished in the drafter at once (vLLM reports them to the proposer together;
-  :class:`sam.vllm.SAMProposer` finishes them in the drafter on the next step where drafts can pay if a running
+  :class:`sam.vllm.SAMProposer` finishes them in the drafter on the next step where the drafter works if a running
   request drafts from them, else at the next request's start: their cost lands on such a step, not on the first
   step without them);
 - ``next step``: the next drafting step of the requests left (it files what its prompts' siblings wrote);

@@ -254,7 +254,7 @@ def drafter_band_key(lo: int, hi: int) -> str:
 def drafter_ms_table(runs: dict[str, list[dict]]) -> list[str]:
     """Markdown: each SAM mode's own ms per engine step in each band of scheduled rows, the median over its rollouts
     with steps in the band (-: none)."""
-    from recipe.dapo.timeline import ACTIVE_BANDS, band_label
+    from recipe.dapo.timeline import ACTIVE_BANDS
 
     keys = [drafter_band_key(*lohi) for lohi in ACTIVE_BANDS]
     lines = []
@@ -266,15 +266,20 @@ def drafter_ms_table(runs: dict[str, list[dict]]) -> list[str]:
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     if not lines:
         return []
-    return [
-        "",
+    caption = (
         "The drafter's own ms per engine step by scheduled requests (median over the rollouts with steps in the band; "
-        "inside the step time; -: none):",
-        "",
-        "| mode | " + " | ".join(band_label(*lohi) for lohi in ACTIVE_BANDS) + " |",
-        "|---|" + "---|" * len(keys),
-        *lines,
-    ]
+        "inside the step time; -: none):"
+    )
+    return band_table_head(caption) + lines
+
+
+def band_table_head(caption: str) -> list[str]:
+    """Markdown: a caption and the head of a table with a column per band of active requests
+    (recipe.dapo.timeline.ACTIVE_BANDS)."""
+    from recipe.dapo.timeline import ACTIVE_BANDS, band_label
+
+    return ["", caption, "", "| mode | " + " | ".join(band_label(*lohi) for lohi in ACTIVE_BANDS) + " |",
+            "|---|" + "---|" * len(ACTIVE_BANDS)]  # fmt: skip
 
 
 def _paired(runs: dict[str, list[dict]], name: str, off: str) -> list[tuple[dict, dict]]:
@@ -320,19 +325,15 @@ def same_token_band_pairs(runs: dict[str, list[dict]], offs: list[str]) -> list[
     in parentheses). A pair that sampled the same tokens holds the same requests in each band for about the same
     steps, so this compares the bands at equal work, without the pooled table's luck of which rollouts ran long.
     Empty for rollouts logged without their bands."""
-    from recipe.dapo.timeline import ACTIVE_BANDS, band_label
+    from recipe.dapo.timeline import ACTIVE_BANDS
 
     keys = [band_key(*lohi) for lohi in ACTIVE_BANDS]
     if not all(keys[0] in s for summaries in runs.values() for s in summaries):
         return []
-    lines = [
-        "",
+    lines = band_table_head(
         "The same pairs by active requests: tokens/s per active request, the mode's over spec off's in each band "
-        "(geometric mean over all pairs with steps in the band; pairs, range; -: none):",
-        "",
-        "| mode | " + " | ".join(band_label(*lohi) for lohi in ACTIVE_BANDS) + " |",
-        "|---|" + "---|" * len(keys),
-    ]
+        "(geometric mean over all pairs with steps in the band; pairs, range; -: none):"
+    )
     for name in runs:
         if name in offs[:1]:
             continue
