@@ -140,7 +140,8 @@ class SAMProposer:
 
     def state_dict(self) -> dict:
         """Cross-rollout memory (each prompt's lead tokens and history responses, every prompt's responses of the
-        global corpus, the payoff rule's acceptance counts and its last token cost), for trainer checkpoints.
+        global corpus, the payoff rule's acceptance counts and its last token cost, the step count), for trainer
+        checkpoints.
 
         Call it between rollouts. vLLM's runner drops a finished request only at the next step, so the requests
         of a rollout's last steps are still tracked then; they are finished first, as the next
@@ -161,6 +162,7 @@ class SAMProposer:
             "global": None if self.drafter.global_corpus is None else self.drafter.global_corpus.state(),
             "acceptance": self.acceptance.state_dict(),
             "token_cost": self._token_cost,
+            "steps": self.steps,  # the phase of the catch-up and exploring steps, which decide where the drafter works
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -174,6 +176,7 @@ class SAMProposer:
             self.drafter.global_corpus.restore(*state["global"])
         self.acceptance.load_state_dict(state["acceptance"])
         self._token_cost = float(state.get("token_cost", 0.0))
+        self.steps = int(state.get("steps", 0))
 
     def request_text(self, request_id: str) -> np.ndarray:
         """Prompt + verified tokens of a tracked request as of the last step its drafter worked (every step without
