@@ -282,32 +282,62 @@ def band_table_head(caption: str) -> list[str]:
             "|---|" + "---|" * len(ACTIVE_BANDS)]  # fmt: skip
 
 
-def _paired(runs: dict[str, list[dict]], name: str, off: str) -> list[tuple[dict, dict]]:
-    """(spec off's, the mode's) summaries of the repeats where both engines sampled as many tokens."""
-    return [(o, m) for o, m in zip(runs[off], runs[name], strict=False) if off != name and o["tokens"] == m["tokens"]]
+def _paired(runs: dict[str, list[dict | None]], name: str, off: str) -> dict[int, tuple[dict, dict]]:
+    """(spec off's, the mode's) summaries by repeat, where both engines ran the repeat and sampled as many tokens."""
+    if off == name:
+        return {}
+    return {rep: (o, m) for rep, (o, m) in enumerate(zip(runs[off], runs[name], strict=False))
+            if o is not None and m is not None and o["tokens"] == m["tokens"]}  # fmt: skip
 
 
-def same_token_pairs(runs: dict[str, list[dict]]) -> list[str]:
+def _per_repeat(runs: dict[str, list[dict | None]], name: str, offs: list[str], ratio) -> list[float]:
+    """One ratio per repeat: the geometric mean of ``ratio(off's summary, the mode's)`` over the spec-off engines it
+    pairs with in that repeat (each off engine's pair shares the mode's rollout, so a repeat counts once in an
+    interval). A ratio that is NaN or not positive (a band without steps) is left out."""
+    by_rep: dict[int, list[float]] = {}
+    for off in offs:
+        for rep, (o, m) in _paired(runs, name, off).items():
+            value = ratio(o, m)
+            if value > 0:  # NaN compares False
+                by_rep.setdefault(rep, []).append(value)
+    return [math.exp(np.mean(np.log(by_rep[rep]))) for rep in sorted(by_rep)]
+
+
+def _interval(values: list[float]) -> str:
+    """``geometric mean [95% interval]`` of per-repeat ratios (recipe.ab.stats.ratio_interval)."""
+    from recipe.ab.stats import ratio_interval
+
+    centre, lo, hi = ratio_interval(values)
+    return f"{centre:.3f}x [{lo:.3f}, {hi:.3f}]" if lo == lo else f"{centre:.3f}x"
+
+
+def _spec_off_engines(runs: dict) -> list[str]:
+    return [name for name in runs if name.partition("#")[0] == "off"]
+
+
+def same_token_pairs(runs: dict[str, list[dict | None]]) -> list[str]:
     """Markdown: each mode against each spec-off engine (``off``, ``off#<tag>``) over the repeats where both sampled as
     many tokens (one sampler seed per repeat: a draft that changed no token leaves the count, so these pairs compare
-    the same work), as spec off's rollout time over the mode's; pooled over all its pairings by geometric mean."""
-    offs = [name for name in runs if name.partition("#")[0] == "off"]
+    the same work), as spec off's rollout time over the mode's; pooled over all its pairings by geometric mean, and
+    per repeat with its 95% interval (the A/A engine's row gives the spread with nothing changed)."""
+    offs = _spec_off_engines(runs)
     if not offs:
         return []
     lines = [
         "",
         "Rollouts of the same tokens: each repeat where a mode and a spec-off engine sampled as many tokens (same seed),"
-        " spec off's rollout time over the mode's (pairs, geometric mean, range):",
+        " spec off's rollout time over the mode's (pairs, geometric mean, range); per repeat: the repeats with a pair,"
+        " the geometric mean over them and its 95% interval (Student's t on the logs):",
         "",
-        "| mode | " + " | ".join(f"vs {off}" for off in offs) + " | all pairs |",
-        "|---|" + "---|" * (len(offs) + 1),
+        "| mode | " + " | ".join(f"vs {off}" for off in offs) + " | all pairs | per repeat [95% interval] |",
+        "|---|" + "---|" * (len(offs) + 2),
     ]
     for name in runs:
         if name in offs[:1]:
             continue
         cells, pooled = [], []
         for off in offs:
-            ratios = [o["rollout_time_s"] / m["rollout_time_s"] for o, m in _paired(runs, name, off)]
+            ratios = [o["rollout_time_s"] / m["rollout_time_s"] for o, m in _paired(runs, name, off).values()]
             pooled += ratios
             cells.append(
                 f"{len(ratios)}, {math.exp(np.mean(np.log(ratios))):.3f}x, {min(ratios):.3f}-{max(ratios):.3f}"
@@ -315,30 +345,36 @@ def same_token_pairs(runs: dict[str, list[dict]]) -> list[str]:
                 else "-"
             )
         total = f"{len(pooled)}, **{math.exp(np.mean(np.log(pooled))):.3f}x**" if pooled else "-"
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {total} |")
+        repeats = _per_repeat(runs, name, offs, lambda o, m: o["rollout_time_s"] / m["rollout_time_s"])
+        per_repeat = f"{len(repeats)}, {_interval(repeats)}" if repeats else "-"
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {total} | {per_repeat} |")
     return lines + same_token_band_pairs(runs, offs)
 
 
-def same_token_band_pairs(runs: dict[str, list[dict]], offs: list[str]) -> list[str]:
+def same_token_band_pairs(runs: dict[str, list[dict | None]], offs: list[str]) -> list[str]:
     """Markdown: over the pairs of :func:`same_token_pairs`, each band's tokens/s per active request (the mode's over
     spec off's, geometric mean over every spec-off engine's pairs where both had steps in the band; pairs and range
-    in parentheses). A pair that sampled the same tokens holds the same requests in each band for about the same
-    steps, so this compares the bands at equal work, without the pooled table's luck of which rollouts ran long.
-    Empty for rollouts logged without their bands."""
+    in parentheses), and a second table with one ratio per repeat and its 95% interval. A pair that sampled the same
+    tokens holds the same requests in each band for about the same steps, so this compares the bands at equal work,
+    without the pooled table's luck of which rollouts ran long. Empty for rollouts logged without their bands."""
     from recipe.dapo.timeline import ACTIVE_BANDS
 
     keys = [band_key(*lohi) for lohi in ACTIVE_BANDS]
-    if not all(keys[0] in s for summaries in runs.values() for s in summaries):
+    if not all(keys[0] in s for summaries in runs.values() for s in summaries if s is not None):
         return []
     lines = band_table_head(
         "The same pairs by active requests: tokens/s per active request, the mode's over spec off's in each band "
         "(geometric mean over all pairs with steps in the band; pairs, range; -: none):"
     )
+    intervals = band_table_head(
+        "The same by repeat: one ratio per repeat (geometric mean over its spec-off engines), their geometric mean and "
+        "95% interval (repeats in parentheses):"
+    )
     for name in runs:
         if name in offs[:1]:
             continue
-        pairs = [pair for off in offs for pair in _paired(runs, name, off)]
-        cells = []
+        pairs = [pair for off in offs for pair in _paired(runs, name, off).values()]
+        cells, bounds = [], []
         for key in keys:
             ratios = [m[key] / o[key] for o, m in pairs if o[key] > 0 and m[key] > 0]  # NaN compares False
             cells.append(
@@ -346,27 +382,41 @@ def same_token_band_pairs(runs: dict[str, list[dict]], offs: list[str]) -> list[
                 if ratios
                 else "-"
             )
+            repeats = _per_repeat(runs, name, offs, lambda o, m, key=key: m[key] / o[key])
+            bounds.append(f"{_interval(repeats)} ({len(repeats)})" if repeats else "-")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    return lines
+        intervals.append(f"| {name} | " + " | ".join(bounds) + " |")
+    return lines + intervals
 
 
-def read_rollouts(path: Path) -> dict[str, list[dict]]:
-    """Per mode, its rollouts' summaries in repeat order, from ``rollouts.jsonl`` or a run's printed
-    ``<repeat> <mode> {summary}`` lines."""
-    runs: dict[str, dict[int, dict]] = {}
-    for line in path.read_text().splitlines():
-        if line.startswith("{"):
-            record = json.loads(line)
-            rep, name = record.pop("repeat"), record.pop("mode")
-        else:
-            head = line.split(" ", 2)
-            if len(head) < 3 or not head[0].isdigit() or not head[2].startswith("{"):
-                continue
-            rep, name, record = int(head[0]), head[1], json.loads(head[2])
-        runs.setdefault(name, {})[rep] = record
-    if not runs:
-        raise SystemExit(f"--pairs-from {path}: no rollout summaries in it")
-    return {name: [by_rep[r] for r in sorted(by_rep)] for name, by_rep in runs.items()}
+def read_rollouts(paths: list[Path]) -> dict[str, list[dict | None]]:
+    """Per mode, its rollouts' summaries in repeat order, from ``rollouts.jsonl`` files or runs' printed
+    ``<repeat> <mode> {summary}`` lines. Several runs are pooled one after the other, their repeats renumbered; a mode
+    a run lacks has None in that run's repeats (so repeats stay aligned across modes)."""
+    pooled: dict[str, list[dict | None]] = {}
+    done = 0  # repeats of the runs read so far
+    for path in paths:
+        runs: dict[str, dict[int, dict]] = {}
+        for line in path.read_text().splitlines():
+            if line.startswith("{"):
+                record = json.loads(line)
+                rep, name = record.pop("repeat"), record.pop("mode")
+            else:
+                head = line.split(" ", 2)
+                if len(head) < 3 or not head[0].isdigit() or not head[2].startswith("{"):
+                    continue
+                rep, name, record = int(head[0]), head[1], json.loads(head[2])
+            runs.setdefault(name, {})[rep] = record
+        if not runs:
+            raise SystemExit(f"--pairs-from {path}: no rollout summaries in it")
+        repeats = 1 + max(rep for by_rep in runs.values() for rep in by_rep)
+        for name in runs:
+            pooled.setdefault(name, [None] * done)
+        for name, summaries in pooled.items():
+            by_rep = runs.get(name, {})
+            summaries += [by_rep.get(rep) for rep in range(repeats)]
+        done += repeats
+    return pooled
 
 
 def rollout_inputs(model: str | None, max_prompts: int) -> tuple[Path, list[list[int]], str]:
@@ -422,8 +472,10 @@ def main() -> None:
     parser.add_argument(
         "--pairs-from",
         type=Path,
+        nargs="+",
         default=None,
-        help="only rebuild the same-token pairs (into <out>/same_token_pairs.md) from a rollouts.jsonl or a run's log",
+        help="only rebuild the same-token pairs (into <out>/same_token_pairs.md) from rollouts.jsonl files or runs' "
+        "logs (several: pooled, repeats renumbered)",
     )
     args = parser.parse_args()
     out = Path(args.out or REPO_ROOT / "results" / ("sam" if args.model is None else "real"))
@@ -435,8 +487,10 @@ def main() -> None:
                 json.dumps({"repeat": rep, "mode": name, **s}) + "\n"
                 for name, summaries in runs.items()
                 for rep, s in enumerate(summaries)
+                if s is not None
             )
-        lines = [f"# Same-token pairs, rebuilt from {args.pairs_from.name}", *same_token_pairs(runs)]
+        sources = ", ".join(str(path) for path in args.pairs_from)
+        lines = [f"# Same-token pairs, rebuilt from {sources}", *same_token_pairs(runs)]
         (out / "same_token_pairs.md").write_text("\n".join(lines) + "\n")
         print("\n".join(lines))
         return

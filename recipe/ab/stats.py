@@ -39,6 +39,20 @@ def permutation_p(a: np.ndarray, b: np.ndarray) -> float:
     return float(res.pvalue)
 
 
+def ratio_interval(ratios, level: float = 0.95) -> tuple[float, float, float]:
+    """Geometric mean of paired speed ratios and its ``level`` confidence interval (Student's t on their logs: a ratio
+    and its inverse are equally far from 1). On this shared machine a single pair moves by several percent with no
+    change in the work, so a ratio is read against its interval, not its point. NaN bounds below two ratios."""
+    logs = np.log(np.asarray(ratios, dtype=np.float64))
+    if logs.size == 0:
+        return math.nan, math.nan, math.nan
+    centre = float(logs.mean())
+    if logs.size < 2:
+        return math.exp(centre), math.nan, math.nan
+    half = float(stats.t.ppf(0.5 + level / 2, logs.size - 1)) * float(logs.std(ddof=1)) / math.sqrt(logs.size)
+    return math.exp(centre), math.exp(centre - half), math.exp(centre + half)
+
+
 def solved_p(acc: float, acc_off: float, n: int) -> float:
     """Fisher's exact test that two greedy accuracies on the same ``n`` problems come from the same rate."""
     if acc != acc or acc_off != acc_off:

@@ -2,9 +2,12 @@
 
 import importlib.util
 import json
+import math
 from pathlib import Path
 
+import numpy as np
 import pytest
+from scipy import stats
 
 _spec = importlib.util.spec_from_file_location(
     "bench_rollout", Path(__file__).resolve().parents[2] / "scripts" / "bench_rollout.py"
@@ -39,14 +42,64 @@ def test_same_token_pairs_compare_only_repeats_that_sampled_alike_and_rebuild_fr
     }
     rows = {line.split(" | ")[0][2:]: line for line in bench_rollout.same_token_pairs(runs) if line.startswith("| ")}
     # vs off#2: 4.0 / 1.0 and 2.0 / 1.0; all three pairs: (2 * 4 * 2) ** (1 / 3)
-    assert "| 1, 2.000x, 2.000-2.000 | 2, 2.828x, 2.000-4.000 | 3, **2.520x** |" in rows["sam"]
-    assert rows["off#2"].endswith("| 1, 0.500x, 0.500-0.500 | - | 1, **0.500x** |")
+    # per repeat: repeat 0 pairs with both engines (geometric mean of 2 and 4), repeat 1 with off#2 only (2)
+    per_repeat = f"2, {math.sqrt(math.sqrt(8) * 2):.3f}x [{_bounds([math.sqrt(8), 2.0])}]"
+    assert rows["sam"].endswith(f"| 1, 2.000x, 2.000-2.000 | 2, 2.828x, 2.000-4.000 | 3, **2.520x** | {per_repeat} |")
+    assert rows["off#2"].endswith("| 1, 0.500x, 0.500-0.500 | - | 1, **0.500x** | 1, 0.500x |")
     log = tmp_path / "bench.log"
     log.write_text(
         "INFO engine started\n"
         + "".join(f"{rep} {name} " + json.dumps(s) + "\n" for name, ss in runs.items() for rep, s in enumerate(ss))
     )
-    assert bench_rollout.read_rollouts(log) == runs
+    assert bench_rollout.read_rollouts([log]) == runs
+
+
+def _bounds(ratios: list[float]) -> str:
+    centre = np.mean(np.log(ratios))
+    half = stats.t.ppf(0.975, len(ratios) - 1) * np.std(np.log(ratios), ddof=1) / math.sqrt(len(ratios))
+    return f"{math.exp(centre - half):.3f}, {math.exp(centre + half):.3f}"
+
+
+def test_runs_pooled_from_several_logs_pair_only_within_a_repeat_of_one_run(tmp_path) -> None:
+    """Two runs with other mode sets pool one after the other: a mode one run lacks pairs with nothing there, and the
+    second run's repeats never pair with the first's."""
+    first = tmp_path / "a.jsonl"
+    first.write_text(
+        "".join(
+            json.dumps({"repeat": rep, "mode": mode, "tokens": 10, "rollout_time_s": t}) + "\n"
+            for rep, mode, t in ((0, "off", 2.0), (0, "sam", 1.0), (0, "sam#2", 4.0), (1, "off", 3.0), (1, "sam", 3.0))
+        )
+    )
+    second = tmp_path / "b.jsonl"
+    second.write_text(
+        "".join(
+            json.dumps({"repeat": rep, "mode": mode, "tokens": 10, "rollout_time_s": t}) + "\n"
+            for rep, mode, t in ((0, "off", 1.0), (0, "noop", 2.0), (0, "sam", 0.5), (0, "sam#2", 1.0))
+        )
+    )
+    runs = bench_rollout.read_rollouts([first, second])
+    assert [s and s["rollout_time_s"] for s in runs["noop"]] == [None, None, 2.0]
+    assert [s and s["rollout_time_s"] for s in runs["sam#2"]] == [4.0, None, 1.0]
+    rows = {line.split(" | ")[0][2:]: line for line in bench_rollout.same_token_pairs(runs) if line.startswith("| ")}
+    assert rows["sam"].startswith(f"| sam | 3, 1.587x, 1.000-2.000 | 3, **1.587x** | 3, 1.587x [{_bounds([2, 1, 2])}]")
+    assert rows["noop"].startswith("| noop | 1, 0.500x, 0.500-0.500 |")
+    assert rows["sam#2"].startswith("| sam#2 | 2, 0.707x, 0.500-1.000 |")
+
+
+def test_the_ratio_interval_covers_the_true_ratio_at_its_level_even_from_three_repeats() -> None:
+    """Student's t, not the normal quantile: from three log-normal ratios the 95% interval covers the true geometric
+    mean in about 95% of draws (a normal quantile would cover about 80%); it is symmetric in log, so the inverse
+    ratios give the inverse interval."""
+    from recipe.ab.stats import ratio_interval
+
+    rng = np.random.default_rng(0)
+    draws = np.exp(0.02 + 0.05 * rng.standard_normal((2000, 3)))
+    covered = [lo <= math.exp(0.02) <= hi for _, lo, hi in map(ratio_interval, draws)]
+    assert 0.93 <= np.mean(covered) <= 0.97
+    centre, lo, hi = ratio_interval(draws[0])
+    inverse = ratio_interval(1 / draws[0])
+    assert np.allclose(inverse, (1 / centre, 1 / hi, 1 / lo))
+    assert math.isnan(ratio_interval([1.1])[1])
 
 
 def test_same_token_pairs_by_band_pool_every_spec_off_engine_and_skip_bands_without_steps() -> None:
@@ -64,7 +117,9 @@ def test_same_token_pairs_by_band_pool_every_spec_off_engine_and_skip_bands_with
         "off#2": [rollout(100, [nan, 60, 20, nan, nan, nan]), rollout(95, [40, 15, 40, nan, nan, nan])],
     }
     lines = bench_rollout.same_token_pairs(runs)
-    band_rows = {line.split(" | ")[0][2:]: line for line in lines[lines.index(BAND_HEADER) :] if line.startswith("| ")}
+    first, second = (i for i, line in enumerate(lines) if line == BAND_HEADER)
+    band_rows = {line.split(" | ")[0][2:]: line for line in lines[first:second] if line.startswith("| ")}
+    by_repeat = {line.split(" | ")[0][2:]: line for line in lines[second:] if line.startswith("| ")}
     # pairs: (off, sam) in repeat 0, (off#2, sam) in repeats 0 and 1 (off sampled 90 tokens in repeat 1)
     # band 1: 80/40 and 10/40 (off#2 had no step there in repeat 0); 2-4: 30/30, 30/60, 10/15; 5-8: 10/20, 10/20, 10/40
     assert (
@@ -72,6 +127,8 @@ def test_same_token_pairs_by_band_pool_every_spec_off_engine_and_skip_bands_with
         == "| sam | 0.707x (2, 0.25-2.00) | 0.693x (3, 0.50-1.00) | 0.397x (3, 0.25-0.50) | - | - | - |"
     )
     assert band_rows["off#2"] == "| off#2 | - | 2.000x (1, 2.00-2.00) | 1.000x (1, 1.00-1.00) | - | - | - |"
+    # by repeat, band 5-8: repeat 0 pairs with both engines (10/20, 10/20), repeat 1 with off#2 (10/40)
+    assert by_repeat["sam"].split(" | ")[3] == f"0.354x [{_bounds([0.5, 0.25])}] (2)"
     without_bands = {name: [{"tokens": 1, "rollout_time_s": 1.0}] for name in runs}
     assert BAND_HEADER not in bench_rollout.same_token_pairs(without_bands)  # logged without bands: whole rollouts
 
