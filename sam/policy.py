@@ -186,14 +186,17 @@ class ResponseCorpus:
         return corpus
 
     def add(self, responses: list[np.ndarray]) -> None:
-        """Store ``responses``; a counted corpus counts its occurrences again (linear in all it holds)."""
+        """Store ``responses`` in one append (three per response cost more than the automaton's own work on a
+        rollout's responses: results/real/README.md, "SAM at a real vocabulary"); a counted corpus counts its
+        occurrences again (linear in all it holds)."""
+        parts = []
         for response in responses:
             if response.size == 0:
                 continue
             self.responses.append(response)
-            self.automaton.extend(self.lead)
-            self.automaton.extend(response)
-            self.automaton.extend([-len(self.responses)])
+            parts += (self.lead, response, np.array([-len(self.responses)], dtype=np.int32))
+        if parts:
+            self.automaton.extend(np.concatenate(parts))
         if self.counted:
             self.automaton.count_occurrences()
 

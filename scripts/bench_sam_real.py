@@ -6,7 +6,9 @@ come from a 49,152-token vocabulary (SmolLM2-135M-Instruct), which changes the a
 edges per state, more of them in the hash table. This samples ``--prompts`` word problems x ``--n`` responses at
 temperature 1 with the real model (spec off, cached under artifacts/), then measures, median of ``--repeats``:
 - ingest into one automaton of every response (each after its prompt's 3 lead tokens and a unique separator, as a
-  prompt's history stores them), and into per-prompt automata (a group corpus each), counted as SAM counts them;
+  prompt's history stores them), and into per-prompt automata (a group corpus each), counted as SAM counts them,
+  every automaton in one pool as the drafter keeps them; and each prompt's responses stored through the drafter's
+  own history corpus (``sam.policy.ResponseCorpus.add``), which is what a finished rollout costs SAM;
 - the same on the standard library's bytes, in the same run, for the ratio;
 - teacher-forced drafting over the same responses, grouped by prompt (a prompt's responses one after another, each
   seeing the earlier ones as finished siblings, and SAM's and suffix's corpora of every prompt's responses every
@@ -80,21 +82,48 @@ def corpus(prompt: np.ndarray, responses: list[np.ndarray], first_separator: int
 
 
 def ingest_rate(texts: list[np.ndarray], repeats: int, count: bool) -> tuple[float, float]:
-    """Tokens/s building one automaton per text (counted as group corpora are, if ``count``), and bytes per token."""
-    from sam.automaton import SuffixAutomaton
+    """Tokens/s building one automaton per text, all in one pool as the drafter keeps them (counted as group corpora
+    are, if ``count``), and bytes per token."""
+    from sam.automaton import AutomatonPool, SuffixAutomaton
 
+    pool = AutomatonPool()
     total = sum(t.size for t in texts)
     rates, nbytes = [], 0
     for _ in range(repeats):
+        automata = []
         start = time.perf_counter()
-        nbytes = 0
         for t in texts:
-            sa = SuffixAutomaton()
+            sa = SuffixAutomaton(pool=pool)
             sa.extend(t)
             if count:
                 sa.count_occurrences()
-            nbytes += sa.nbytes
+            automata.append(sa)
         rates.append(total / (time.perf_counter() - start))
+        nbytes = sum(sa.nbytes for sa in automata)
+        for sa in automata:
+            pool.release(sa.slot)
+    return float(np.median(rates)), nbytes / total
+
+
+def history_ingest_rate(groups: list[tuple[np.ndarray, list[np.ndarray]]], repeats: int) -> tuple[float, float]:
+    """Tokens/s storing each prompt's responses as its history corpus stores a finished rollout
+    (sam.policy.ResponseCorpus.add: lead, response, separator each, counted), all in one pool, and bytes per token."""
+    from sam.automaton import AutomatonPool
+    from sam.policy import ResponseCorpus
+
+    pool = AutomatonPool()
+    rates, nbytes, total = [], 0, 0
+    for _ in range(repeats):
+        corpora = [ResponseCorpus(pool, prompt[-LEAD:], counted=True) for prompt, _ in groups]
+        start = time.perf_counter()
+        for corpus_, (_, responses) in zip(corpora, groups, strict=True):
+            corpus_.add(responses)
+        seconds = time.perf_counter() - start
+        total = sum(c.num_tokens for c in corpora)
+        rates.append(total / seconds)
+        nbytes = sum(c.nbytes for c in corpora)
+        for corpus_ in corpora:
+            corpus_.close()
     return float(np.median(rates)), nbytes / total
 
 
@@ -295,10 +324,14 @@ def main() -> None:
     for name, texts, count in (
         ("real: all responses, one automaton", [all_history], False),
         ("real: one counted automaton per prompt", per_prompt, True),
+        ("real: each prompt's rollout into its history corpus (ResponseCorpus.add)", None, True),
         ("stdlib bytes: one automaton (same length)", [stdlib], False),
         ("stdlib bytes: same-size pieces, counted", np.array_split(stdlib, len(per_prompt)), True),
     ):
-        rate, bpt = ingest_rate(list(texts), args.repeats, count)
+        if texts is None:
+            rate, bpt = history_ingest_rate(groups, args.repeats)
+        else:
+            rate, bpt = ingest_rate(list(texts), args.repeats, count)
         rows[name] = {"tokens_per_s": rate, "bytes_per_token": bpt}
         print(name, round(rate / 1e6, 2), "M tokens/s", round(bpt, 1), "B/token", flush=True)
     distinct = int(np.unique(all_history[all_history >= 0]).size)

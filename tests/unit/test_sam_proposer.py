@@ -186,6 +186,29 @@ def test_k_follows_vllms_batch_size_schedule():
     assert longest == {True: 1, False: K}
 
 
+def test_a_corpus_stores_a_rollout_in_one_append_as_lead_response_separator_per_response() -> None:
+    """ResponseCorpus.add appends a rollout at once: the same automaton (text, states, counts) as appending
+    each response's lead, tokens and own separator one call at a time; empty responses take no separator."""
+    rng = np.random.default_rng(0)
+    lead = np.array([7, 8, 9], dtype=np.int32)
+    responses = [rng.integers(0, 12, size=n).astype(np.int32) for n in (40, 0, 25, 31)]
+    pool = AutomatonPool()
+    corpus = ResponseCorpus(pool, lead, counted=True)
+    corpus.add(responses[:2])
+    corpus.add(responses[2:])
+    by_parts = SuffixAutomaton(pool=pool)
+    for i, response in enumerate(r for r in responses if r.size):
+        by_parts.extend(lead)
+        by_parts.extend(response)
+        by_parts.extend([-(i + 1)])
+    by_parts.count_occurrences()
+    assert [r.size for r in corpus.responses] == [40, 25, 31]
+    assert np.array_equal(corpus.automaton.text(), by_parts.text())
+    assert corpus.automaton.num_states == by_parts.num_states
+    assert np.array_equal(pool.stats[corpus.slot], pool.stats[by_parts.slot])
+    assert corpus.automaton.counted
+
+
 def test_siblings_draft_from_finished_siblings_and_history_across_rollouts():
     prompt = [1, 2, 3]
     answer = list(range(10, 40))
