@@ -382,7 +382,7 @@ def same_token_band_pairs(runs: dict[str, list[dict | None]], offs: list[str]) -
                 if ratios
                 else "-"
             )
-            repeats = _per_repeat(runs, name, offs, lambda o, m, key=key: m[key] / o[key])
+            repeats = _per_repeat(runs, name, offs, lambda o, m, key=key: m[key] / o[key] if o[key] > 0 else math.nan)
             bounds.append(f"{_interval(repeats)} ({len(repeats)})" if repeats else "-")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
         intervals.append(f"| {name} | " + " | ".join(bounds) + " |")
