@@ -311,16 +311,12 @@ def _interval(values: list[float]) -> str:
     return f"{centre:.3f}x [{lo:.3f}, {hi:.3f}]" if lo == lo else f"{centre:.3f}x"
 
 
-def _spec_off_engines(runs: dict) -> list[str]:
-    return [name for name in runs if name.partition("#")[0] == "off"]
-
-
 def same_token_pairs(runs: dict[str, list[dict | None]]) -> list[str]:
     """Markdown: each mode against each spec-off engine (``off``, ``off#<tag>``) over the repeats where both sampled as
     many tokens (one sampler seed per repeat: a draft that changed no token leaves the count, so these pairs compare
     the same work), as spec off's rollout time over the mode's; pooled over all its pairings by geometric mean, and
     per repeat with its 95% interval (the A/A engine's row gives the spread with nothing changed)."""
-    offs = _spec_off_engines(runs)
+    offs = [name for name in runs if name.partition("#")[0] == "off"]
     if not offs:
         return []
     lines = [

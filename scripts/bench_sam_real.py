@@ -321,17 +321,19 @@ def main() -> None:
     warm.count_occurrences()
     stdlib = stdlib_tokens(int(all_history.size))
     rows = {}
-    for name, texts, count in (
-        ("real: all responses, one automaton", [all_history], False),
-        ("real: one counted automaton per prompt", per_prompt, True),
-        ("real: each prompt's rollout into its history corpus (ResponseCorpus.add)", None, True),
-        ("stdlib bytes: one automaton (same length)", [stdlib], False),
-        ("stdlib bytes: same-size pieces, counted", np.array_split(stdlib, len(per_prompt)), True),
-    ):
-        if texts is None:
-            rate, bpt = history_ingest_rate(groups, args.repeats)
-        else:
-            rate, bpt = ingest_rate(list(texts), args.repeats, count)
+    measures = {  # row -> (tokens/s, bytes per token)
+        "real: all responses, one automaton": lambda: ingest_rate([all_history], args.repeats, False),
+        "real: one counted automaton per prompt": lambda: ingest_rate(per_prompt, args.repeats, True),
+        "real: each prompt's rollout into its history corpus (ResponseCorpus.add)": (
+            lambda: history_ingest_rate(groups, args.repeats)
+        ),
+        "stdlib bytes: one automaton (same length)": lambda: ingest_rate([stdlib], args.repeats, False),
+        "stdlib bytes: same-size pieces, counted": (
+            lambda: ingest_rate(list(np.array_split(stdlib, len(per_prompt))), args.repeats, True)
+        ),
+    }
+    for name, measure in measures.items():
+        rate, bpt = measure()
         rows[name] = {"tokens_per_s": rate, "bytes_per_token": bpt}
         print(name, round(rate / 1e6, 2), "M tokens/s", round(bpt, 1), "B/token", flush=True)
     distinct = int(np.unique(all_history[all_history >= 0]).size)
