@@ -572,6 +572,7 @@ def step_rows(
     outs: tuple,
     chance_table: np.ndarray | None = None,
     token_cost: float = 0.0,
+    explored: tuple | None = None,
 ) -> None:
     """One decode step for every row: append row ``r``'s verified tokens to automaton ``own[r]``, advance its
     matchers into the group corpora ``src_slot[own[r]]`` (re-matching its last ``rules.resync_tokens`` tokens when a
@@ -600,12 +601,21 @@ def step_rows(
     ``out_level[r, j]`` token ``j``'s evidence level (:func:`_own_evidence`, :func:`sam.cells.counted_level`): the
     cells of the payoff rule's model, :mod:`sam.cells`. Without a table every level is 0: unscored drafts are
     counted by source and match band only, and the own-text levels' walk is skipped.
+
+    ``explored`` ``(pick, out, out_n, out_group, out_mlen, out_level)`` (with a table): row ``r`` also writes one
+    candidate whatever its gain, the first with a draft from candidate ``pick[r]`` on (0 the request's own text, then
+    the group corpora in ``src_slot``'s order, cyclically). It is what the payoff rule learns from: learning only from
+    the chosen drafts, a source that was chosen first is the only one ever learned and keeps winning (every prompt's
+    responses held out each prompt's own history on the embedded task, results/real/README.md).
     """
     table = np.zeros((0, 0, 0, 0)) if chance_table is None else np.ascontiguousarray(chance_table, dtype=np.float64)
+    if explored is None:
+        explored = (np.zeros(0, dtype=np.int64), *outs)
     _step_rows(
         *pool, *rows, *matchers,
         rules.min_match, rules.min_match_counted, rules.tokens_per_match, rules.own_bonus, rules.resync_tokens,
         rules.count_prior, rules.prior_decay, rules.min_token_prob, rules.own_latest, table, token_cost, *outs,
+        *explored,
     )  # fmt: skip
 
 
@@ -625,11 +635,23 @@ def _draft_gain(chance_table, token_cost, source, mlen, level, n) -> float:
     return total
 
 
+@nb.njit(cache=True, inline="always")
+def _offer(best_rank, rank, r, cand, n, source, mlen, cand_level, out, out_n, out_group, out_mlen, out_level) -> int:
+    """Row ``r``'s explored candidate becomes this one if it has a draft and comes earlier in the rotation."""
+    if n <= 0 or rank >= best_rank:
+        return best_rank
+    out[r, :n] = cand[:n]
+    out_n[r], out_group[r], out_mlen[r] = n, source, mlen
+    out_level[r, :] = cand_level
+    return rank
+
+
 @nb.njit(cache=True)
 def _step_rows(
     pf_l, cl_l, table_l, meta_l, stats_l, own, tok_flat, tok_off, ks, src_slot, src_state, src_len, src_seen,
     min_match, min_match_counted, tokens_per_match, own_bonus, resync, count_prior, prior_decay, min_token_prob,
-    own_latest, chance_table, token_cost, out, out_n, out_group, out_mlen, out_level,
+    own_latest, chance_table, token_cost, out, out_n, out_group, out_mlen, out_level, pick, ex, ex_n, ex_group,
+    ex_mlen, ex_level,
 ) -> None:  # fmt: skip
     """:func:`step_rows`'s compiled body, arguments flat in that order (``chance_table`` empty: no table)."""
     scored = chance_table.size > 0
@@ -637,7 +659,12 @@ def _step_rows(
         min_match_counted = max(min_match_counted, min_match)
     cand = np.empty(out.shape[1], dtype=out.dtype)
     cand_level = np.empty(out.shape[1], dtype=out_level.dtype)
+    exploring = scored and pick.size > 0
+    candidates = 1 + src_slot.shape[1]
     for r in range(own.shape[0]):
+        ex_rank = candidates
+        if exploring:
+            ex_n[r] = 0
         out_n[r] = 0
         out_group[r] = OWN
         out_mlen[r] = 0
@@ -669,6 +696,11 @@ def _step_rows(
             if scored:
                 gain = _draft_gain(chance_table, token_cost, OWN, mlen, cand_level, n)
                 free = _draft_gain(chance_table, 0.0, OWN, mlen, cand_level, n)
+            if exploring:
+                rank = (candidates - pick[r] % candidates) % candidates
+                ex_rank = _offer(
+                    ex_rank, rank, r, cand, n, OWN, mlen, cand_level, ex, ex_n, ex_group, ex_mlen, ex_level
+                )
             if n > 0:
                 best, best_free = gain, free
                 out_n[r], out_mlen[r] = n, mlen
@@ -707,6 +739,11 @@ def _step_rows(
             if scored:
                 gain = _draft_gain(chance_table, token_cost, CORPUS_SOURCE[j], mlen, cand_level, n)
                 free = _draft_gain(chance_table, 0.0, CORPUS_SOURCE[j], mlen, cand_level, n)
+            if exploring:
+                rank = (1 + j - pick[r] % candidates) % candidates
+                ex_rank = _offer(
+                    ex_rank, rank, r, cand, n, CORPUS_SOURCE[j], mlen, cand_level, ex, ex_n, ex_group, ex_mlen, ex_level
+                )
             if n > 0 and (gain > best or (gain == best and free > best_free)):
                 best, best_free = gain, free
                 out_n[r], out_mlen[r], out_group[r] = n, mlen, CORPUS_SOURCE[j]

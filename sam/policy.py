@@ -63,8 +63,8 @@ class SAMOptions:
     cross_epoch: bool = True  # draft from earlier rollouts' responses to the same prompt
     scored: bool = False  # with the payoff rule: count acceptance also by each draft token's evidence level and pick
     # each request's source (and a counted corpus's match length) by what its draft gains under those chances
-    # (sam/cells.py; above vLLM suffix at every drafting level teacher-forced on SmolLM2, but 1.0-1.08x spec off on the
-    # embedded task where the longest match gave 1.11-1.31x: results/real/README.md); False: the longest match
+    # (sam/cells.py; above vLLM suffix at every drafting level teacher-forced on SmolLM2, but 1.27x spec off on the
+    # embedded task where the longest match gave 1.43x: results/real/README.md); False: the longest match
     global_sharing: bool = False  # draft from every prompt's finished responses in this engine (one counted corpus:
     # answers to one task share their phrasing; suffix decoding's global tree; with scored, what puts SAM above
     # suffix at its loosest settings teacher-forced on SmolLM2)
@@ -238,9 +238,15 @@ class GlobalCorpus:
             self.pending.append(response)
             self.pending_tokens += stored_tokens(0, response.size)
 
+    def due(self, stopping_tokens: int = 0) -> bool:
+        """Whether the pending responses, with ``stopping_tokens`` more of responses about to finish, are to be
+        stored at the next flush."""
+        pending = self.pending_tokens + stopping_tokens
+        return pending > 0 and pending * self.RECOUNT_GROWTH >= self.corpus.num_tokens
+
     def flush(self) -> int | None:
         """Store the pending responses if they are due; returns the replaced slot if the corpus moved."""
-        if not self.pending or self.pending_tokens * self.RECOUNT_GROWTH < self.corpus.num_tokens:
+        if not self.due():
             return None
         if self.corpus.num_tokens + self.pending_tokens <= self.max_tokens:
             self.corpus.add(self.pending)
@@ -412,6 +418,10 @@ class BatchDrafter:
         self._out_group = np.zeros(rows, dtype=np.int64)
         self._out_mlen = np.zeros(rows, dtype=np.int64)
         self._out_level = np.zeros((rows, self.k), dtype=np.int64)
+        self._explored = (
+            np.zeros((rows, self.k), dtype=np.int32), np.zeros(rows, dtype=np.int64), np.zeros(rows, dtype=np.int64),
+            np.zeros(rows, dtype=np.int64), np.zeros((rows, self.k), dtype=np.int64),
+        )  # fmt: skip
 
     def _resize(self, size: int) -> None:
         def grown(a: np.ndarray, fill: int) -> np.ndarray:
@@ -467,9 +477,12 @@ class BatchDrafter:
     def drafted_from(self, slots: list[int]) -> list[bool]:
         """For requests that stopped but are not finished here yet: whether a running request would draft from each
         one's response (a sample of its prompt still runs, with ``group_sharing``; every request, with
-        ``global_sharing``)."""
+        ``global_sharing``, if their responses make the corpus of every prompt's responses due for storing: until
+        then it holds them pending, and no request drafts from them)."""
         if self.global_corpus is not None:
-            return [True] * len(slots)
+            stopping = sum(stored_tokens(0, len(self.requests[slot][0]) - self.requests[slot][1]) for slot in slots)
+            if self.global_corpus.due(stopping):
+                return [True] * len(slots)
         if not self.options.group_sharing:
             return [False] * len(slots)
         groups = [self.requests[slot][3] for slot in slots]
@@ -493,12 +506,15 @@ class BatchDrafter:
         ks: np.ndarray,
         chance_table: np.ndarray | None = None,
         token_cost: float = 0.0,
+        explore_from: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """:meth:`step`, each row drafting from the source whose draft gains the most under ``chance_table``
         (:meth:`sam.payoff.AcceptanceModel.conditional`) at ``token_cost`` accepted tokens per draft token sent
         (:func:`sam.automaton.step_rows`; no table: the longest match), returning per
         row the draft buffer [rows, k], its length, its source (:data:`sam.cells.OWN`, ...), its match length and
-        each token's evidence level [rows, k] (:mod:`sam.cells`; views, valid until the next step)."""
+        each token's evidence level [rows, k] (:mod:`sam.cells`; views, valid until the next step). With a table and
+        ``explore_from`` (a candidate index per row), each row also writes the candidate the payoff rule learns from
+        (:func:`sam.automaton.step_rows`'s ``explored``), read with :meth:`explored`."""
         rows = slots.shape[0]
         if self._out.shape[0] < rows:
             self._alloc_out(rows)
@@ -518,10 +534,15 @@ class BatchDrafter:
             (self._out, self._out_n, self._out_group, self._out_mlen, self._out_level),
             chance_table,
             token_cost,
+            None if explore_from is None else (explore_from, *self._explored),
         )
         return (
             self._out[:rows], self._out_n[:rows], self._out_group[:rows], self._out_mlen[:rows], self._out_level[:rows]
         )  # fmt: skip
+
+    def explored(self, rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The last step's explored candidates of its ``rows`` rows, as :meth:`step_arrays` returns its drafts."""
+        return tuple(a[:rows] for a in self._explored)
 
 
 def draft_lists(drafts: np.ndarray, lengths: np.ndarray) -> list[list[int]]:

@@ -108,7 +108,7 @@ class SAMProposer:
         # the payoff rule (sam/payoff.py): step cost and acceptance learned from this engine's own steps
         pinned = self.options.payoff_cost
         self.step_cost = StepCost() if pinned is None else PinnedStepCost(pinned)
-        self.acceptance = AcceptanceModel(self.k)
+        self.acceptance = AcceptanceModel(self.k, levels=self.options.scored)
         self.shadows = ShadowDrafts(self.k)
         self.clock = time.perf_counter  # what step times are read from
         self._last_call: float | None = None  # when propose was last entered: one engine step ago
@@ -272,7 +272,11 @@ class SAMProposer:
         holds until the step cost is learned; the likely tokens on exploring steps while drafting's cost is unknown);
         each full draft also becomes its request's shadow if none is pending."""
         band = self.acceptance.band(mlen)
-        self.shadows.start(slots, drafts, lengths, group, band, level)
+        if self.options.scored:  # the shadows are the explored candidates, not the chosen drafts (step_rows)
+            ex_drafts, ex_lengths, ex_group, ex_mlen, ex_level = self.drafter.explored(rows)
+            self.shadows.start(slots, ex_drafts, ex_lengths, ex_group, self.acceptance.band(ex_mlen), ex_level)
+        else:
+            self.shadows.start(slots, drafts, lengths, group, band, level)
         if idle:
             lengths = np.zeros_like(lengths)
         elif self.step_cost.exploring and self.steps % EXPLORE_EVERY == 0:
@@ -346,8 +350,10 @@ class SAMProposer:
         scored = self.acceptance.conditional() if payoff and self.options.scored else None
         if idle:
             self.shadows.turns(slots, ks, self.steps)
+        # each request's shadow is its candidates in turn (BatchDrafter.explored)
+        explore_from = (slots + self.steps) % (1 + self.drafter.CORPORA) if scored is not None else None
         drafts, lengths, group, mlen, level = self.drafter.step_arrays(
-            slots, tokens, offsets, ks, scored, self._token_cost
+            slots, tokens, offsets, ks, scored, self._token_cost, explore_from
         )
         if payoff:
             lengths = self._pay(rows, slots, drafts, lengths, group, mlen, level, idle)

@@ -131,6 +131,14 @@ SAM_THRESHOLDS = (0.0, 0.01, 0.02, 0.03, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7
 SUFFIX_MIN_TOKEN_PROBS = (0.0, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9)
 
 
+def agreed(draft: np.ndarray, truth: np.ndarray) -> int:
+    """How many leading tokens of ``draft`` the text that followed agrees with (what verification accepts)."""
+    ok = 0
+    while ok < min(draft.size, truth.size) and draft[ok] == truth[ok]:
+        ok += 1
+    return ok
+
+
 def sam_pass(groups: list[tuple[np.ndarray, list[np.ndarray]]], threshold: float, options: dict) -> dict:
     """SAM teacher-forced over ``groups`` with the payoff rule's cut at ``threshold``: each row drafts from the source
     whose draft gains the most at that cost per draft token and sends the tokens whose learned chance exceeds it
@@ -148,7 +156,7 @@ def sam_pass(groups: list[tuple[np.ndarray, list[np.ndarray]]], threshold: float
         **options,
     }  # fmt: skip
     drafter = BatchDrafter(SAMOptions.from_dict(opts), k)
-    model = AcceptanceModel(k)
+    model = AcceptanceModel(k, levels=drafter.options.scored)
     accepted = drafted = positions = 0
     slots = [[drafter.start(p, str(g).encode()) for _ in rs] for g, (p, rs) in enumerate(groups)]
     for g, (_, responses) in enumerate(groups):
@@ -157,21 +165,22 @@ def sam_pass(groups: list[tuple[np.ndarray, list[np.ndarray]]], threshold: float
             for pos in range(len(text) - 1):
                 buf, n, group, mlen, level = drafter.step_arrays(
                     slot, text[pos : pos + 1], np.array([0, 1]), np.array([k]),
-                    model.conditional() if drafter.options.scored else None, threshold,
+                    model.conditional() if drafter.options.scored else None, threshold, slot + pos,
                 )  # fmt: skip
                 n = int(n[0])
                 positions += 1
                 if n == 0:
                     continue
-                truth = text[pos + 1 : pos + 1 + n]
-                ok = 0
-                while ok < min(n, truth.size) and buf[0, ok] == truth[ok]:
-                    ok += 1
+                ok = agreed(buf[0, :n], text[pos + 1 :])
                 band = model.band(mlen[:1])
                 keep = int((model.chances(group[:1].astype(np.int64), band, level[:1])[0, :n] > threshold).sum())
                 drafted += keep
                 accepted += min(keep, ok)
-                model.observe(group[:1].astype(np.int64), band, level[:1], np.array([n]), np.array([ok]))
+                if drafter.options.scored:  # the payoff rule learns from the explored candidate, as the proposer
+                    buf, n, group, mlen, level = drafter.explored(1)
+                    n, band = int(n[0]), model.band(mlen)
+                    ok = agreed(buf[0, :n], text[pos + 1 :])
+                model.observe(group.astype(np.int64), band, level, np.array([n]), np.array([ok]))
             drafter.finish(slots[g][r])
     return {
         "drafter": "sam",
@@ -254,11 +263,7 @@ def teacher_forced_sweep(groups: list[tuple[np.ndarray, list[np.ndarray]]], sam_
                         request, np.ascontiguousarray(context[-depth:]), max_spec_tokens=k,
                         max_spec_factor=float(suffix_cfg.suffix_decoding_max_spec_factor), min_token_prob=min_prob,
                     ).token_ids  # fmt: skip
-                    truth = text[pos + 1 : pos + 1 + len(draft)]
-                    ok = 0
-                    while ok < min(len(draft), truth.size) and draft[ok] == truth[ok]:
-                        ok += 1
-                    acc += ok
+                    acc += agreed(np.asarray(draft), text[pos + 1 :])
                     dft += len(draft)
                     pos_count += 1
                 cache.stop_request(request)

@@ -27,6 +27,8 @@ MODES: dict[str, list[str]] = {  # mode name -> the Hydra overrides that select 
     "sam_own": ["spec=sam", "spec.sam.group_sharing=false", "spec.sam.cross_epoch=false"],  # own text only
     "sam_every": ["spec=sam", "spec.sam.payoff=false"],  # the default without the payoff rule: every draft it finds
     "sam_eager": ["spec=sam", "spec.sam.defer_idle=false"],  # the default working every step where nothing can pay
+    # sources picked by the payoff rule's learned chances by evidence level, every prompt's responses a source too
+    "sam_scored": ["spec=sam", "spec.sam.scored=true", "spec.sam.global_sharing=true"],
     "mtp_frozen": ["spec=mtp", "spec.mtp.train=frozen"],
     "mtp_online": ["spec=mtp", "spec.mtp.train=online"],
 }

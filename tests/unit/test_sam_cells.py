@@ -232,3 +232,27 @@ def test_acceptance_counts_of_another_shape_are_refused():
     state = AcceptanceModel(k=K + 1).state_dict()
     with pytest.raises(ValueError, match="num_speculative_tokens"):
         model.load_state_dict(state)
+
+
+def test_each_row_explores_its_candidates_in_turn_whatever_it_picks():
+    """The candidate the payoff rule learns from (``explored``) is the first with a draft from the row's turn on
+    (own text, siblings, history, every prompt's responses), while the draft sent stays the one that gains most."""
+    prompt = np.array([1, 2, 3], np.int32)
+    sibling = np.array([5, 20, 21, 22, 23, 24, 25, 26, 27], np.int32)
+    drafter = BatchDrafter(SAMOptions(min_match=2, group_sharing=True, cross_epoch=False, global_sharing=False), K)
+    slot = drafter.start(prompt, b"p")
+    finished = drafter.start(prompt, b"p")
+    drafter.step(np.array([finished]), sibling, np.array([0, sibling.size]), np.array([K]))
+    drafter.finish(finished)
+    own = np.array([20, 21, 22, 9, 5, 20, 21], np.int32)
+    drafter.step(np.array([slot]), own, np.array([0, own.size]), np.array([K]))
+    nothing = np.zeros(0, np.int32)
+    own_draft, sibling_draft = (0, [22, 9]), (1, [22, 23, 24, 25, 26, 27])
+    for turn, explored in enumerate([own_draft, sibling_draft, own_draft, own_draft, own_draft, sibling_draft]):
+        out, n, group, _, _ = drafter.step_arrays(
+            np.array([slot]), nothing, np.array([0, 0]), np.array([K]), table(own=0.95, group=0.3), 0.0,
+            np.array([turn]),
+        )  # fmt: skip
+        assert (int(group[0]), out[0, : n[0]].tolist()) == own_draft  # picked by its gain
+        ex, ex_n, ex_group, _, _ = drafter.explored(1)
+        assert (int(ex_group[0]), ex[0, : ex_n[0]].tolist()) == explored, turn

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 from test_sam_proposer import Driver, K, filed_responses, make_proposer
 
+from sam.cells import OWN
 from sam.payoff import AcceptanceModel, ShadowDrafts, StepCost, nothing_can_pay, payoff_cut, payoff_lengths
 
 
@@ -273,3 +274,55 @@ def test_scored_drafting_counts_acceptance_by_evidence_level_and_the_default_by_
         counts = proposer.acceptance.reached - proposer.acceptance.reached.min()  # what was observed, per cell
         levels_used[scored] = {int(v) for v in np.nonzero(counts.sum(axis=(0, 1, 3)))[0]}
     assert levels_used[False] == {0} and len(levels_used[True]) > 1, levels_used
+
+
+def test_scored_drafting_learns_every_source_not_only_the_one_it_picks():
+    """A prompt's second rollout repeats its first response: its history drafts every next token right and is what
+    the proposer sends, while its own text drafts a coin flip's token where the response flips one. The own text's
+    chances are still learned in that rollout: each request's shadow drafts come from its sources in turn. Learning
+    only from the drafts it picks, a source that is picked first is the only one ever learned and keeps winning
+    (every prompt's responses held off each prompt's own history on the embedded task, results/real/README.md)."""
+    rng = np.random.default_rng(0)
+    response = [t for coin in rng.integers(0, 2, 150) for t in (20, 21, 30 + int(coin))]
+    cheap = {"payoff": True, "batch_threshold": 256, "payoff_cost": [0.05, 0.001, 0.0002, 0.0, 0.0002]}
+    proposer = make_proposer(**cheap, scored=True, group_sharing=False, cross_epoch=True)
+    right, own_learned = [], []
+    for rollout in range(2):
+        driver = Driver(proposer, {f"r{rollout}": ([1, 2, 3], response)})
+        own_before = proposer.acceptance.reached[OWN].sum()
+        right.append([])
+        while driver.unfinished:
+            for rid, draft in driver.step().items():
+                if draft and driver.emitted[rid] < len(response):
+                    right[-1].append(draft[0] == response[driver.emitted[rid]])
+        own_learned.append(proposer.acceptance.reached[OWN].sum() - own_before)
+    own, history = (np.mean(r[len(r) // 2 :]) for r in right)
+    assert own < 0.9 and history > 0.97, (own, history)
+    assert own_learned[1] > own_learned[0] / 4, own_learned  # own drafts settled though history's were sent
+
+
+def test_with_levels_a_level_never_seen_starts_at_its_bands_chance_and_one_seen_often_at_its_own():
+    """Scored drafting counts twenty evidence levels per source and band: a level not seen yet takes its band's chance
+    over every level, not the pessimistic prior that a band never seen keeps; the default's one level is unchanged."""
+    n = 400
+    group, band = np.zeros(n, np.int64), np.full(n, 2)
+    level = np.full((n, K), 5)
+    level[: n // 2] = 7
+    hits = (np.arange(n) < n // 2).astype(np.int64)  # level 7 always accepted, level 5 never
+    tables = {}
+    for levels in (True, False):
+        model = AcceptanceModel(K, levels=levels)
+        model.observe(group, band, level, np.ones(n, np.int64), hits)
+        tables[levels] = table = model.conditional()
+        rows = np.array([7, 5, 9])[:, None].repeat(K, axis=1)
+        chances = model.chances(np.zeros(3, np.int64), np.full(3, 2), rows)
+        assert np.allclose(chances[:, 0], table[0, 2, [7, 5, 9], 0])
+        likeliest = table.max(axis=2)  # the bound's draft: every position at its likeliest level
+        for cost in (0.0, 0.3):
+            best = max(0.0, np.cumsum(np.cumprod(likeliest, axis=2) - cost, axis=2).max())
+            assert model.best_row_gain(cost) == pytest.approx(best)
+    shrunk, plain = tables[True], tables[False]
+    assert shrunk[0, 2, 7, 0] > 0.97 and shrunk[0, 2, 5, 0] < 0.03  # a level's own counts dominate
+    assert shrunk[0, 2, 9, 0] == pytest.approx(0.5, abs=0.01)  # never seen: its band's chance
+    assert shrunk[0, 3, 9, 0] == pytest.approx(0.05) == plain[0, 2, 9, 0]  # a band never seen, or no levels: the prior
+    assert plain[0, 2, 7, 0] == pytest.approx((n / 2 + 0.2) / (n / 2 + 4))

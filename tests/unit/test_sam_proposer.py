@@ -13,7 +13,7 @@ import pytest
 from sam.automaton import AutomatonPool, SuffixAutomaton
 from sam.keys import prompt_key
 from sam.payoff import CATCH_UP_EVERY
-from sam.policy import BatchDrafter, GroupStore, ResponseCorpus, SAMOptions
+from sam.policy import BatchDrafter, GlobalCorpus, GroupStore, ResponseCorpus, SAMOptions, stored_tokens
 from sam.vllm import SAMProposer
 
 K = 4
@@ -532,3 +532,28 @@ def test_a_deferred_step_finishes_nothing_and_a_working_one_only_what_a_running_
         sorted([rollout["a"][1], rollout["c"][1]]),
         [rollout["b"][1]],
     ]
+
+
+def test_with_every_prompts_responses_a_request_that_leaves_is_finished_early_only_if_it_makes_that_corpus_due():
+    """The corpus of every prompt's responses stores finished responses only once they would add an eighth to it;
+    until then no request drafts from them, so a request that leaves waits for the next request's start as it would
+    without the corpus, unless its response makes the corpus due."""
+    opts = SAMOptions(min_match=2, group_sharing=True, cross_epoch=True, global_sharing=True)
+    drafter = BatchDrafter(opts, K)
+    corpus: GlobalCorpus = drafter.global_corpus
+    short = np.arange(10, 18, dtype=np.int32)
+
+    def left(prompt: list[int]) -> int:
+        slot = drafter.start(np.array(prompt, np.int32), bytes(prompt))
+        drafter.requests[slot][0].extend(short)
+        return slot
+
+    assert drafter.drafted_from([left([1, 2, 3])]) == [True]  # an empty corpus is due at once
+    for i in range(20):  # a corpus of 20 responses
+        slot = left([4, 5, i])
+        drafter.finish(slot)
+        corpus.flush()
+    assert corpus.corpus.num_tokens > 8 * stored_tokens(0, short.size) and not corpus.pending
+    assert drafter.drafted_from([left([6, 7, 8])]) == [False]  # one response is not an eighth of it
+    many = [left([9, 9, i]) for i in range(3)]
+    assert drafter.drafted_from(many) == [True] * 3  # three are
