@@ -66,6 +66,10 @@ S_OCC, S_LAST = range(2)  # occurrence-count columns: occurrences of a state's s
 GROWTH = 1.5  # arrays grow by this factor (the hash doubles)
 BYTES_PER_TOKEN = 64  # the memory budget the layout keeps on text (tests/unit/test_sam_automaton.py), for sizing bounds
 MAX_LOAD = 0.75  # hash slots in use before it doubles
+SCORED_LENGTHS = 4  # match lengths a scored draft from counted material is tried at: the longest and the next shorter
+# ones up the suffix links (each a K-token draft whose every token scans its state's edges: every link down to one
+# token cost the embedded training A/B's rollouts a fifth once the corpus of every prompt's responses grew;
+# results/real/README.md)
 
 
 # libc's madvise by symbol name (resolved when the code is linked, so the compiled functions stay cacheable;
@@ -457,9 +461,9 @@ def _draft_counted(
     responses is likely). The match is the longest suffix of the context the text holds or a shorter one (a suffix
     link up, at least ``min_match`` long), whichever draft gains the most under ``chance_table`` at ``token_cost``
     for ``source`` as :func:`_draft_gain` scores it: a long match seen once is often beaten by a short one that most
-    responses continued the same way (suffix decoding, too, scores every match length). Without a table (``scored``
-    off), the longest match. Needs counts taken at ``n_text`` (:func:`_count`). Stops at a separator (negative token).
-    Returns (tokens written, the match length they were drafted from).
+    responses continued the same way (suffix decoding, too, scores every match length). At most
+    :data:`SCORED_LENGTHS` lengths are tried, the longest first. Without a table (``scored`` off), the longest match.
+    Needs counts taken at ``n_text`` (:func:`_count`). Stops at a separator (negative token). Returns (tokens written, the match length they were drafted from).
     """
     if mlen < min_match or state == 0:
         return 0, 0
@@ -469,7 +473,9 @@ def _draft_counted(
     cand_out = np.empty(k, dtype=out.dtype)
     cand_level = np.empty(k, dtype=level.dtype)
     length = mlen
-    while state > 0 and length >= min_match:
+    tried = 0
+    while state > 0 and length >= min_match and tried < SCORED_LENGTHS:
+        tried += 1
         n = _draft_counted_at(
             pf, cl, table, st, n_text, state, length, k, min_match, prior, decay, min_prob, cand_out, cand_level
         )
