@@ -137,9 +137,9 @@ def _shrunk_chances(accepted, reached, mean, weight, out) -> None:
                     hits += accepted[source, band, level, j] - mean * weight
                     seen += reached[source, band, level, j] - weight
                 pooled = (hits + mean * weight) / (seen + weight)
-                for level in range(accepted.shape[2]):
+                for level in range(accepted.shape[2]):  # the stored counts hold the prior's weight: observed + weight
                     cell = source, band, level, j
-                    out[cell] = (accepted[cell] - mean * weight + weight * pooled) / (reached[cell] - weight + weight)
+                    out[cell] = (accepted[cell] - mean * weight + weight * pooled) / reached[cell]
 
 
 @nb.njit(cache=True)
