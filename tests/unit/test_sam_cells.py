@@ -163,7 +163,9 @@ def table(own: float, group: float) -> np.ndarray:
     return t
 
 
-def test_the_source_is_the_one_whose_draft_gains_most_at_the_token_cost():
+def own_text_against_a_sibling() -> tuple[BatchDrafter, int]:
+    """A request whose own text "... 20 21" has matched "20 21" once before (2 tokens drafted: 22 9) and whose
+    finished sibling matches "5 20 21" (6 tokens: 22 23 ... 27)."""
     prompt = np.array([1, 2, 3], np.int32)
     sibling = np.array([5, 20, 21, 22, 23, 24, 25, 26, 27], np.int32)
     drafter = BatchDrafter(SAMOptions(min_match=2, group_sharing=True, cross_epoch=False, global_sharing=False), K)
@@ -171,9 +173,13 @@ def test_the_source_is_the_one_whose_draft_gains_most_at_the_token_cost():
     finished = drafter.start(prompt, b"p")
     drafter.step(np.array([finished]), sibling, np.array([0, sibling.size]), np.array([K]))
     drafter.finish(finished)
-    # own text "... 20 21" has matched "20 21" once before (2 tokens drafted: 22 9); the sibling matches "5 20 21"
     own = np.array([20, 21, 22, 9, 5, 20, 21], np.int32)
     drafter.step(np.array([slot]), own, np.array([0, own.size]), np.array([K]))
+    return drafter, slot
+
+
+def test_the_source_is_the_one_whose_draft_gains_most_at_the_token_cost():
+    drafter, slot = own_text_against_a_sibling()
     nothing = np.zeros(0, np.int32)
 
     def source(chances=None, cost=0.0) -> tuple[int, list[int]]:
@@ -237,15 +243,7 @@ def test_acceptance_counts_of_another_shape_are_refused():
 def test_each_row_explores_its_candidates_in_turn_whatever_it_picks():
     """The candidate the payoff rule learns from (``explored``) is the first with a draft from the row's turn on
     (own text, siblings, history, every prompt's responses), while the draft sent stays the one that gains most."""
-    prompt = np.array([1, 2, 3], np.int32)
-    sibling = np.array([5, 20, 21, 22, 23, 24, 25, 26, 27], np.int32)
-    drafter = BatchDrafter(SAMOptions(min_match=2, group_sharing=True, cross_epoch=False, global_sharing=False), K)
-    slot = drafter.start(prompt, b"p")
-    finished = drafter.start(prompt, b"p")
-    drafter.step(np.array([finished]), sibling, np.array([0, sibling.size]), np.array([K]))
-    drafter.finish(finished)
-    own = np.array([20, 21, 22, 9, 5, 20, 21], np.int32)
-    drafter.step(np.array([slot]), own, np.array([0, own.size]), np.array([K]))
+    drafter, slot = own_text_against_a_sibling()
     nothing = np.zeros(0, np.int32)
     own_draft, sibling_draft = (0, [22, 9]), (1, [22, 23, 24, 25, 26, 27])
     for turn, explored in enumerate([own_draft, sibling_draft, own_draft, own_draft, own_draft, sibling_draft]):
