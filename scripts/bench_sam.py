@@ -28,6 +28,8 @@ import numpy as np
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
+from bench_sam_real import agreed  # noqa: E402
+
 from recipe.dapo.config import spec_group  # noqa: E402
 from sam.automaton import SuffixAutomaton  # noqa: E402
 from sam.policy import SAMOptions  # noqa: E402
@@ -226,11 +228,7 @@ def teacher_forced(groups: list[Group], modes: list[str]) -> dict:
                         draft = drafter.step(
                             np.array([slots[g_i][r_i]]), text[pos : pos + 1], np.array([0, 1]), np.array([K])
                         )[0]
-                    truth = text[pos + 1 : pos + 1 + len(draft)].tolist()
-                    ok = 0
-                    while ok < len(draft) and ok < len(truth) and draft[ok] == truth[ok]:
-                        ok += 1
-                    accepted += ok
+                    accepted += agreed(np.asarray(draft), text[pos + 1 :])
                     drafted += len(draft)
                     positions += 1
                 if arctic is not None:
