@@ -26,9 +26,9 @@ walk one automaton with another token stream (group sharing: a request matched a
 responses).
 
 An automaton that stops growing for a while (a prompt's finished responses) can be *counted* (:func:`_count`,
-linear, 8 more bytes per state): how often each state's strings occur and where they last end. Drafts from it
-then follow the continuation most occurrences took, for as long as its estimated chance holds
-(:func:`_draft_counted`).
+linear, 8.5 more bytes per state): how often each state's strings occur, where they last end, and (in a small memo,
+once a draft asks) where its most frequent continuation leads. Drafts from it then follow the continuation most occurrences took, for as
+long as its estimated chance holds (:func:`_draft_counted`).
 
 Every automaton lives in a slot of an :class:`AutomatonPool` (numba typed lists of its arrays), which lets
 compiled code grow an automaton's arrays in place of the old ones and lets :func:`step_rows` extend, match and
@@ -63,6 +63,10 @@ C_LEN, C_LINK, C_END, C_TOK, C_TO, C_HEAD, C_LAST = range(7)  # clone columns (C
 RECENT_DEPTH = 2  # states along the suffix path whose latest occurrence each appended token updates (2 drafts
 # as well as 16 teacher-forced; each deeper state costs a cache miss per token)
 S_OCC, S_LAST = range(2)  # occurrence-count columns: occurrences of a state's strings, end of the last one
+MEMO_SHARE = 16  # a counted automaton's memo of most frequent continuations (_best_next) has a row per this many states
+# (rounded up to a power of two): half a byte per state, drafts pass through few distinct states
+MEMO_MIN_SUPPORT = 8  # ... and holds only states that occur more often (a state has at most as many edges as
+# occurrences: scanning a rarer one's costs about what the memo's cache miss does)
 GROWTH = 1.5  # arrays grow by this factor (the hash doubles)
 BYTES_PER_TOKEN = 64  # the memory budget the layout keeps on text (tests/unit/test_sam_automaton.py), for sizing bounds
 MAX_LOAD = 0.75  # hash slots in use before it doubles
@@ -400,14 +404,15 @@ def _draft_recent(pf, n_text, end, k, out) -> int:
 def _count(pf_l, cl_l, meta_l, stats_l, slot) -> None:
     """Occurrence counts of every state of automaton ``slot``: how many times its strings occur in the text and
     where the last occurrence ends (a state's end positions are its prefix states' in its suffix-link subtree,
-    so counts flow from longer states to their links). Row of prefix state i: i; of clone j: text length + 1 + j.
+    so counts flow from longer states to their links). Row of prefix state i: i; of clone j: text length + 1 + j;
+    the memo's rows (:func:`_best_next`) after those, cleared.
     """
     meta = meta_l[slot]
     pf, cl = pf_l[slot], cl_l[slot]
     n = meta[TEXT_LEN]
     n_clones = meta[N_CLONES]
     rows = n + 1 + n_clones
-    st = np.empty((rows, 2), dtype=np.int32)
+    st = np.empty((rows + _memo_rows(rows), 2), dtype=np.int32)  # the memo's rows (_best_next) after the states'
     _huge_pages(st)
     st[:, S_OCC] = 0
     st[:, S_LAST] = -1
@@ -449,8 +454,8 @@ def _stat_row(n_text, s) -> int:
 
 @nb.njit(cache=True)
 def _draft_counted(
-    pf, cl, table, st, n_text, state, mlen, k, min_match, prior, decay, min_prob, out, level, chance_table, token_cost,
-    source,
+    pf, cl, table, st, n_text, n_clones, state, mlen, k, min_match, prior, decay, min_prob, out, level, chance_table,
+    token_cost, source,
 ):  # fmt: skip
     """Write up to ``k`` tokens into ``out``, each the continuation that most occurrences of the match take
     (the latest occurrence breaks ties), while the estimated chance that the whole draft is accepted stays at
@@ -477,8 +482,9 @@ def _draft_counted(
     while state > 0 and length >= min_match and tried < SCORED_LENGTHS:
         tried += 1
         n = _draft_counted_at(
-            pf, cl, table, st, n_text, state, length, k, min_match, prior, decay, min_prob, cand_out, cand_level
-        )
+            pf, cl, table, st, n_text, n_clones, state, length, k, min_match, prior, decay, min_prob, cand_out,
+            cand_level,
+        )  # fmt: skip
         gain = free = 0.0  # unscored: only the longest match is drafted, so there is nothing to compare
         if chance_table.size > 0:
             gain = _draft_gain(chance_table, token_cost, source, length, cand_level, n)
@@ -495,39 +501,77 @@ def _draft_counted(
 
 
 @nb.njit(cache=True)
-def _draft_counted_at(pf, cl, table, st, n_text, state, mlen, k, min_match, prior, decay, min_prob, out, level):
+def _memo_rows(states: int) -> int:
+    """Rows of a counted automaton's memo (:func:`_best_next`) for ``states`` states: a power of two."""
+    rows = 16
+    while rows * MEMO_SHARE < states:
+        rows *= 2
+    return rows
+
+
+@nb.njit(cache=True)
+def _best_next(pf, cl, table, st, n_text, n_clones, state, support):
+    """(token, state it leads to) of ``state``'s most frequent continuation (the latest occurrence breaks ties; never a
+    separator), (NO_TOK, -1) if none; ``support`` is ``state``'s occurrences, which bound its edges. A short match in a
+    big corpus has an edge for most tokens, each a hash probe, and drafts pass through the same few such states step
+    after step, so a state with more than :data:`MEMO_MIN_SUPPORT` occurrences keeps its answer in a direct-mapped
+    memo: ``st``'s rows after the states' (:func:`_count`), each (state, answer), which the next count clears."""
+    if support <= MEMO_MIN_SUPPORT:
+        return _scan_next(pf, cl, table, st, n_text, state)
+    states = n_text + 1 + n_clones
+    memo = states + (state & (st.shape[0] - states - 1))
+    if st[memo, 0] == state:
+        to = st[memo, 1]
+        return (pf[_endpos(cl, to), P_TOK] if to >= 0 else NO_TOK), to
+    tok, to = _scan_next(pf, cl, table, st, n_text, state)
+    st[memo, 0], st[memo, 1] = state, to
+    return tok, to
+
+
+@nb.njit(cache=True, inline="always")
+def _scan_next(pf, cl, table, st, n_text, state):
+    """:func:`_best_next` by scanning ``state``'s edges."""
+    best_tok, best_to, best_occ, best_last = NO_TOK, -1, 0, -1
+    if state < CLONE:
+        if state < n_text:
+            t, to = pf[state, P_TOK], state + 1
+            o, last = st[to, S_OCC], st[to, S_LAST]
+            if t >= 0 and (o > best_occ or (o == best_occ and last > best_last)):
+                best_tok, best_to, best_occ, best_last = t, to, o, last
+        h = pf[state, P_HEAD]
+    else:
+        t, to = cl[state - CLONE, C_TOK], cl[state - CLONE, C_TO]
+        if t != NO_TOK:
+            r = _stat_row(n_text, to)
+            o, last = st[r, S_OCC], st[r, S_LAST]
+            if t >= 0 and (o > best_occ or (o == best_occ and last > best_last)):
+                best_tok, best_to, best_occ, best_last = t, to, o, last
+        h = cl[state - CLONE, C_HEAD]
+    while h != NO_TOK:
+        v = table[2 * _find_slot(table, state, h) + 1]
+        to = v & _LOW32
+        r = _stat_row(n_text, to)
+        o, last = st[r, S_OCC], st[r, S_LAST]
+        if h >= 0 and (o > best_occ or (o == best_occ and last > best_last)):
+            best_tok, best_to, best_occ, best_last = h, to, o, last
+        h = v >> 32
+    return best_tok, best_to
+
+
+@nb.njit(cache=True)
+def _draft_counted_at(
+    pf, cl, table, st, n_text, n_clones, state, mlen, k, min_match, prior, decay, min_prob, out, level
+):  # fmt: skip
     """:func:`_draft_counted`'s draft from one canonical match ``(state, mlen)``; returns the tokens written."""
     chance = 1.0
     n = 0
     while n < k:
-        best_tok, best_to, best_occ, best_last = NO_TOK, -1, 0, -1
-        if state < CLONE:
-            if state < n_text:
-                t, to = pf[state, P_TOK], state + 1
-                o, last = st[to, S_OCC], st[to, S_LAST]
-                if t >= 0 and (o > best_occ or (o == best_occ and last > best_last)):
-                    best_tok, best_to, best_occ, best_last = t, to, o, last
-            h = pf[state, P_HEAD]
-        else:
-            t, to = cl[state - CLONE, C_TOK], cl[state - CLONE, C_TO]
-            if t != NO_TOK:
-                row = _stat_row(n_text, to)
-                o, last = st[row, S_OCC], st[row, S_LAST]
-                if t >= 0 and (o > best_occ or (o == best_occ and last > best_last)):
-                    best_tok, best_to, best_occ, best_last = t, to, o, last
-            h = cl[state - CLONE, C_HEAD]
-        while h != NO_TOK:
-            v = table[2 * _find_slot(table, state, h) + 1]
-            to = v & _LOW32
-            row = _stat_row(n_text, to)
-            o, last = st[row, S_OCC], st[row, S_LAST]
-            if h >= 0 and (o > best_occ or (o == best_occ and last > best_last)):
-                best_tok, best_to, best_occ, best_last = h, to, o, last
-            h = v >> 32
+        support = st[_stat_row(n_text, state), S_OCC]
+        best_tok, best_to = _best_next(pf, cl, table, st, n_text, n_clones, state, support)
         if best_to < 0:
             break
+        best_occ = st[_stat_row(n_text, best_to), S_OCC]
         shrunk = prior * (max(1, min_match) / (mlen + n)) ** decay  # the match grows by each drafted token
-        support = st[_stat_row(n_text, state), S_OCC]
         chance *= best_occ / (support + shrunk)
         if chance < min_prob:
             break
@@ -735,7 +779,7 @@ def _step_rows(
             cand_level[:] = OWN_ONCE
             if counted:
                 n, mlen = _draft_counted(
-                    pf_l[c], cl_l[c], table_l[c], stats_l[c], c_len, state, mlen, k, min_match_counted, count_prior,
+                    pf_l[c], cl_l[c], table_l[c], stats_l[c], c_len, c_meta[N_CLONES], state, mlen, k, min_match_counted, count_prior,
                     prior_decay, min_token_prob, cand, cand_level, chance_table, token_cost, CORPUS_SOURCE[j],
                 )  # fmt: skip
             else:
@@ -900,7 +944,7 @@ class SuffixAutomaton:
 
     def count_occurrences(self) -> None:
         """Count how often each state's strings occur (until the text grows again), for :meth:`Matcher.draft_frequent`
-        and the drafts of :func:`step_rows` from this automaton. Linear in the text; 8 bytes per state."""
+        and the drafts of :func:`step_rows` from this automaton. Linear in the text; 8.5 bytes per state."""
         pool = self._pool
         _count(pool.prefix, pool.clones, pool.meta, pool.stats, self.slot)
 
@@ -964,7 +1008,8 @@ class Matcher:
         pool = a._pool
         out = np.empty(max(1, k), dtype=np.int32)
         n, _ = _draft_counted(
-            pool.prefix[a.slot], pool.clones[a.slot], pool.table[a.slot], pool.stats[a.slot], len(a), self._state,
+            pool.prefix[a.slot], pool.clones[a.slot], pool.table[a.slot], pool.stats[a.slot], len(a),
+            pool.meta[a.slot][N_CLONES], self._state,
             self._len, k, min_match, prior, decay, min_prob, out, np.empty(out.size, dtype=np.int64),
             np.zeros((0, 0, 0, 0)), 0.0, 1,
         )  # fmt: skip

@@ -474,12 +474,12 @@ class BatchDrafter:
         self.src_slot[slot] = -1
         self.pool.release(slot)
 
-    def drafted_from(self, slots: list[int]) -> list[bool]:
+    def drafted_from(self, slots: list[int], store_global: bool = True) -> list[bool]:
         """For requests that stopped but are not finished here yet: whether a running request would draft from each
         one's response (a sample of its prompt still runs, with ``group_sharing``; every request, with
-        ``global_sharing``, if their responses make the corpus of every prompt's responses due for storing: until
-        then it holds them pending, and no request drafts from them)."""
-        if self.global_corpus is not None:
+        ``global_sharing`` and ``store_global`` (:meth:`step_arrays`), if their responses make the corpus of every
+        prompt's responses due for storing: until then it holds them pending, and no request drafts from them)."""
+        if self.global_corpus is not None and store_global:
             stopping = sum(stored_tokens(0, len(self.requests[slot][0]) - self.requests[slot][1]) for slot in slots)
             if self.global_corpus.due(stopping):
                 return [True] * len(slots)
@@ -507,6 +507,7 @@ class BatchDrafter:
         chance_table: np.ndarray | None = None,
         token_cost: float = 0.0,
         explore_from: np.ndarray | None = None,
+        store_global: bool = True,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """:meth:`step`, each row drafting from the source whose draft gains the most under ``chance_table``
         (:meth:`sam.payoff.AcceptanceModel.conditional`) at ``token_cost`` accepted tokens per draft token sent
@@ -514,18 +515,16 @@ class BatchDrafter:
         row the draft buffer [rows, k], its length, its source (:data:`sam.cells.OWN`, ...), its match length and
         each token's evidence level [rows, k] (:mod:`sam.cells`; views, valid until the next step). With a table and
         ``explore_from`` (a candidate index per row), each row also writes the candidate the payoff rule learns from
-        (:func:`sam.automaton.step_rows`'s ``explored``), read with :meth:`explored`."""
+        (:func:`sam.automaton.step_rows`'s ``explored``), read with :meth:`explored`. Without ``store_global`` the
+        corpus of every prompt's responses keeps its pending responses, even if due, for a later step: counting it is
+        linear in all it holds, and the proposer stores it only on a step worth that (:meth:`sam.vllm.SAMProposer.propose`)."""
         rows = slots.shape[0]
         if self._out.shape[0] < rows:
             self._alloc_out(rows)
         if self.groups.unfiled:
             self.groups.file_siblings()
-        if self.global_corpus is not None:
-            old = self.global_corpus.flush()
-            if old is not None:
-                moved = self.src_slot[:, 2] == old
-                self.src_slot[moved, 2] = self.global_corpus.corpus.slot
-                self.src_seen[moved, 2] = -1  # re-matched against the new corpus
+        if store_global:
+            self.store_global()
         step_rows(
             self.pool.all_lists,
             (slots, tokens, offsets, ks),
@@ -539,6 +538,17 @@ class BatchDrafter:
         return (
             self._out[:rows], self._out_n[:rows], self._out_group[:rows], self._out_mlen[:rows], self._out_level[:rows]
         )  # fmt: skip
+
+    def store_global(self) -> None:
+        """Store the pending responses of the corpus of every prompt's responses if they are due
+        (:meth:`GlobalCorpus.flush`), pointing running requests at the corpus if it moved."""
+        if self.global_corpus is None:
+            return
+        old = self.global_corpus.flush()
+        if old is not None:
+            moved = self.src_slot[:, 2] == old
+            self.src_slot[moved, 2] = self.global_corpus.corpus.slot
+            self.src_seen[moved, 2] = -1  # re-matched against the new corpus
 
     def explored(self, rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """The last step's explored candidates of its ``rows`` rows, as :meth:`step_arrays` returns its drafts."""

@@ -192,7 +192,7 @@ class SAMProposer:
         """Requests tracked: started and not seen to leave the batch (preempted ones included)."""
         return len(self.slot_of)
 
-    def _finish_left(self, needed_only: bool = False) -> None:
+    def _finish_left(self, needed_only: bool = False, store_global: bool = True) -> None:
         """Finish the requests that left the batch in the drafter (:meth:`_finish`): with ``needed_only``, those whose
         responses a running request drafts from (:meth:`sam.policy.BatchDrafter.drafted_from`), on a step where the
         drafter works (its drafts and shadow drafts, which teach the payoff rule what sibling material is worth, need
@@ -200,7 +200,7 @@ class SAMProposer:
         checkpoint). A step that leaves the drafter's work to a later one costs the leaving requests nothing but the
         bookkeeping."""
         if needed_only:
-            needed = self.drafter.drafted_from(self.left)
+            needed = self.drafter.drafted_from(self.left, store_global)
             self.left_unneeded += (slot for slot, n in zip(self.left, needed, strict=True) if not n)
             slots = [slot for slot, n in zip(self.left, needed, strict=True) if n]
         else:
@@ -330,13 +330,19 @@ class SAMProposer:
             self._time_step(now, rows, prefilled)
         idle = payoff and self._nothing_can_pay(rows)
         if idle and self._rows is not None and self.options.defer_idle and self.steps % CATCH_UP_EVERY:
+            if prefilled:  # the requests that left were finished as these started (_slots): store them now
+                self.drafter.store_global()
             self.deferred_steps += 1
             self.gated_steps += rows > self.options.batch_threshold
             self._last_drafted = 0
             self._account(now, rows)
             return [[] for _ in range(rows)]
+        # the corpus of every prompt's responses (global_sharing) is counted over all it holds when stored: only on
+        # a step that can send drafts or that prefilled prompts (which costs far more), not on a rollout's last
+        # steps where nothing pays (they ran 0.93x spec off on the real model at 64 requests, results/real/README.md)
+        store_global = not idle or prefilled > 0
         if self.left:
-            self._finish_left(needed_only=True)
+            self._finish_left(needed_only=True, store_global=store_global)
         offsets = np.empty(rows + 1, dtype=np.int64)
         ks = np.empty(rows, dtype=np.int64)
         tokens, live = _catch_up(
@@ -353,7 +359,7 @@ class SAMProposer:
         # each request's shadow is its candidates in turn (BatchDrafter.explored)
         explore_from = (slots + self.steps) % (1 + self.drafter.CORPORA) if scored is not None else None
         drafts, lengths, group, mlen, level = self.drafter.step_arrays(
-            slots, tokens, offsets, ks, scored, self._token_cost, explore_from
+            slots, tokens, offsets, ks, scored, self._token_cost, explore_from, store_global
         )
         if payoff:
             lengths = self._pay(rows, slots, drafts, lengths, group, mlen, level, idle)

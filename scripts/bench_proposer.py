@@ -54,7 +54,7 @@ class SimulatedClock:
         self.now += a + b * rows + c * drafted + (e + f * rows) * (drafted > 0)
 
 
-def proposer(k: int, max_len: int, rows: int, defer_idle: bool):
+def proposer(k: int, max_len: int, rows: int, defer_idle: bool, options: dict):
     from omegaconf import OmegaConf
 
     from recipe.dapo.config import spec_group
@@ -64,7 +64,9 @@ def proposer(k: int, max_len: int, rows: int, defer_idle: bool):
         speculative_config=SimpleNamespace(num_speculative_tokens=k, num_speculative_tokens_per_batch_size=None),
         model_config=SimpleNamespace(max_model_len=max_len),
         scheduler_config=SimpleNamespace(max_num_seqs=max(rows, 256)),
-        additional_config={"sam": {**OmegaConf.to_container(spec_group("sam").sam), "defer_idle": defer_idle}},
+        additional_config={
+            "sam": {**OmegaConf.to_container(spec_group("sam").sam), **options, "defer_idle": defer_idle}
+        },
     )
     return SAMProposer(cfg)
 
@@ -96,7 +98,9 @@ def time_parts(sam, spent: dict[str, float]) -> None:
         setattr(owner, method, timed)
 
 
-def drive(groups, n: int, epochs: int, evict_mb: int, min_rows: int, defer_idle: bool, parts: bool = False) -> dict:
+def drive(
+    groups, n: int, epochs: int, evict_mb: int, min_rows: int, defer_idle: bool, options: dict, parts: bool = False
+) -> dict:
     """``n`` responses of every prompt decoded together, other ones in each of ``epochs`` passes; ms per
     ``propose`` call (and, with ``parts``, per part of it: PARTS, the rest being vLLM's lists turned into arrays, the
     row budgets and the drafts turned back into lists)."""
@@ -107,7 +111,7 @@ def drive(groups, n: int, epochs: int, evict_mb: int, min_rows: int, defer_idle:
     k = int(spec_group("sam").num_speculative_tokens)
     max_len = max(p.size + r.size for p, rs in groups for r in rs) + 8
     rows = len(groups) * n
-    sam = proposer(k, max_len, rows, defer_idle)
+    sam = proposer(k, max_len, rows, defer_idle, options)
     clock = SimulatedClock()
     sam.clock = clock
     spent: dict[str, float] = {}
@@ -175,7 +179,7 @@ def drive(groups, n: int, epochs: int, evict_mb: int, min_rows: int, defer_idle:
 
 def main() -> None:
     import torch
-    from bench_sam_real import rollouts
+    from bench_sam_real import rollouts, sam_option_values
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m-instruct")
@@ -186,8 +190,13 @@ def main() -> None:
     parser.add_argument("--min-rows", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2, help="torch threads of the simulated forward")
     parser.add_argument("--parts", action="store_true", help="also time each part of propose (PARTS)")
+    parser.add_argument(
+        "--sam-option", action="append", default=[], metavar="KEY=VALUE",
+        help="a SAM option over configs/spec/sam.yaml's (defer_idle is each mode's own)",
+    )  # fmt: skip
     parser.add_argument("--out", default=str(REPO_ROOT / "results" / "real" / "proposer_cost" / "bench_64"))
     args = parser.parse_args()
+    options = sam_option_values(args.sam_option)
     torch.set_num_threads(args.threads)
     if args.epochs * args.n > 8:
         parser.error(f"--epochs {args.epochs} x --n {args.n} needs more than the cache's 8 responses per prompt")
@@ -198,7 +207,7 @@ def main() -> None:
         "after a forward, working every step": (args.evict_mb, False),
     }
     results = {
-        name: drive(groups, args.n, args.epochs, mb, args.min_rows, defer, args.parts)
+        name: drive(groups, args.n, args.epochs, mb, args.min_rows, defer, options, args.parts)
         for name, (mb, defer) in modes.items()
     }
     for name, r in results.items():
@@ -207,13 +216,15 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     command = (
         f".venv/bin/python scripts/bench_proposer.py --prompts {args.prompts} --n {args.n} --epochs {args.epochs} "
-        f"--evict-mb {args.evict_mb} --min-rows {args.min_rows} --threads {args.threads}" + " --parts" * args.parts
+        f"--evict-mb {args.evict_mb} --min-rows {args.min_rows} --threads {args.threads}"
+        + " --parts" * args.parts
+        + "".join(f" --sam-option {k}={v}" for k, v in options.items())
     )
     (out / "proposer_cost.json").write_text(json.dumps({"command": command, "results": results}, indent=2))
     lines = [
         "# SAM's proposer per engine step: warm caches and after a forward",
         "",
-        f"Produced by `{command}` (the default SAM options; {args.prompts} x {args.n} requests of {args.model}'s cached"
+        f"Produced by `{command}` ({options or 'the default SAM options'}; {args.prompts} x {args.n} requests of {args.model}'s cached"
         f" rollouts; steps with at least {args.min_rows} requests from the second epoch on).",
         "",
         "| between two calls | median ms | mean ms | steps | steps without drafts | steps deferred | mean ms of a working"

@@ -235,6 +235,17 @@ def step_cost(groups: list[tuple[np.ndarray, list[np.ndarray]]], prompts: int = 
     return out
 
 
+def sam_option_values(items: list[str]) -> dict:
+    """``--sam-option KEY=VALUE`` flags as a dict of SAM options (values read as YAML: true, 0.1, [1, 2])."""
+    options = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--sam-option {item!r}: expected KEY=VALUE")
+        options[key] = yaml.safe_load(value)
+    return options
+
+
 def teacher_forced_sweep(groups: list[tuple[np.ndarray, list[np.ndarray]]], sam_options: dict) -> dict:
     """Accepted and drafted tokens per position for SAM at each of SAM_THRESHOLDS (a pass each: with ``scored``, the
     threshold also picks each row's source) and suffix at each of SUFFIX_MIN_TOKEN_PROBS."""
@@ -313,10 +324,7 @@ def main() -> None:
     )  # fmt: skip
     args = parser.parse_args()
 
-    sam_options = {}
-    for item in args.sam_option:
-        key, _, value = item.partition("=")
-        sam_options[key] = yaml.safe_load(value)
+    sam_options = sam_option_values(args.sam_option)
     groups = rollouts(args.model, args.prompts, args.n, args.max_tokens, args.split)
     tag = ("" if args.split == "train" else f"_{args.split}") + "".join(f"_{k}{v}" for k, v in sam_options.items())
     per_prompt = [corpus(p, rs) for p, rs in groups]

@@ -557,3 +557,29 @@ def test_with_every_prompts_responses_a_request_that_leaves_is_finished_early_on
     assert drafter.drafted_from([left([6, 7, 8])]) == [False]  # one response is not an eighth of it
     many = [left([9, 9, i]) for i in range(3)]
     assert drafter.drafted_from(many) == [True] * 3  # three are
+
+
+@pytest.mark.parametrize("drafts_pay", [True, False])
+def test_the_corpus_of_every_prompts_responses_is_stored_only_on_a_step_that_can_send_drafts_or_starts_requests(
+    drafts_pay,
+):
+    """Storing that corpus counts all it holds: on a rollout's last steps, where no draft pays, the responses that
+    leave wait for the next request's start (a step that prefills prompts), as they would without the corpus."""
+    cost = [0.01, 0.0, 0.0, 0.0, 0.0] if drafts_pay else [0.0, 0.01, 0.01, 0.0, 0.0]  # free drafts, or dear ones
+    proposer = make_proposer(
+        batch_threshold=100, min_match=2, global_sharing=True, payoff=True, payoff_cost=cost, payoff_margin=0.0
+    )
+    short, long = list(range(10, 18)), list(range(20, 80))
+    drv = Driver(proposer, {"a": ([1, 2, 3], short), "b": ([4, 5, 6], long)})
+    corpus: GlobalCorpus = proposer.drafter.global_corpus
+    while "a" in drv.unfinished:
+        proposer.steps = CATCH_UP_EVERY * 10 - 1  # the next step works (none is deferred)
+        drv.step()
+    proposer.steps = CATCH_UP_EVERY * 10 - 1
+    drv.step()  # the step whose rows show that a left; an empty corpus is due at once
+    assert "b" in drv.unfinished
+    stored = [r.tolist() for r in corpus.corpus.responses]
+    assert stored == ([short] if drafts_pay else [])
+    assert len(proposer.left_unneeded) == (0 if drafts_pay else 1)
+    Driver(proposer, {"c": ([7, 8], [1])}).step()  # a request's start finishes what left (b too) and stores them
+    assert [r.tolist() for r in corpus.corpus.responses][0] == short and not proposer.left_unneeded
