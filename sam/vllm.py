@@ -303,6 +303,18 @@ class SAMProposer:
             return False
         return nothing_can_pay(self.acceptance, rows, self.step_cost.coef, self.options.payoff_margin)
 
+    def _stores_global(self, rows: int, prefilled: int, idle: bool) -> bool:
+        """Whether this step may store the corpus of every prompt's responses (``global_sharing``), which counts all it
+        holds: on a step that prefilled prompts (which costs far more) or where drafts can pay by the step cost's
+        bound, not on an exploring step that only could not rule them out (:meth:`_nothing_can_pay`). A rollout's
+        last steps, where nothing pays, stored it and ran 0.93x spec off on the real model at 64 requests
+        (results/real/README.md)."""
+        if self.drafter.global_corpus is None or prefilled or not self.options.payoff:
+            return True
+        if idle or not self.step_cost.known:
+            return False
+        return not nothing_can_pay(self.acceptance, rows, self.step_cost.coef, self.options.payoff_margin)
+
     def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, *args, **kwargs) -> list[list[int]]:
         """Drafts for vLLM's rows. With the payoff rule, a step where nothing can pay does no drafter work but
         timing the step and tracking which requests start and finish: its tokens stay in vLLM's ``token_ids_cpu``
@@ -337,10 +349,7 @@ class SAMProposer:
             self._last_drafted = 0
             self._account(now, rows)
             return [[] for _ in range(rows)]
-        # the corpus of every prompt's responses (global_sharing) is counted over all it holds when stored: only on
-        # a step that can send drafts or that prefilled prompts (which costs far more), not on a rollout's last
-        # steps where nothing pays (they ran 0.93x spec off on the real model at 64 requests, results/real/README.md)
-        store_global = not idle or prefilled > 0
+        store_global = self._stores_global(rows, prefilled, idle)
         if self.left:
             self._finish_left(needed_only=True, store_global=store_global)
         offsets = np.empty(rows + 1, dtype=np.int64)

@@ -12,7 +12,7 @@ import pytest
 
 from sam.automaton import AutomatonPool, SuffixAutomaton
 from sam.keys import prompt_key
-from sam.payoff import CATCH_UP_EVERY
+from sam.payoff import CATCH_UP_EVERY, EXPLORE_EVERY, PinnedStepCost
 from sam.policy import BatchDrafter, GlobalCorpus, GroupStore, ResponseCorpus, SAMOptions, stored_tokens
 from sam.vllm import SAMProposer
 
@@ -559,23 +559,37 @@ def test_with_every_prompts_responses_a_request_that_leaves_is_finished_early_on
     assert drafter.drafted_from(many) == [True] * 3  # three are
 
 
-@pytest.mark.parametrize("drafts_pay", [True, False])
+class ExploringCost(PinnedStepCost):
+    """A pinned step cost that is still being explored: one step in EXPLORE_EVERY sends likely drafts whatever it
+    says."""
+
+    @property
+    def exploring(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("steps", ["drafts pay", "nothing pays", "nothing pays, exploring"])
 def test_the_corpus_of_every_prompts_responses_is_stored_only_on_a_step_that_can_send_drafts_or_starts_requests(
-    drafts_pay,
+    steps,
 ):
-    """Storing that corpus counts all it holds: on a rollout's last steps, where no draft pays, the responses that
-    leave wait for the next request's start (a step that prefills prompts), as they would without the corpus."""
+    """Storing that corpus counts all it holds: on a rollout's last steps, where no draft pays (exploring ones
+    included), the responses that leave wait for the next request's start (a step that prefills prompts), as they
+    would without the corpus."""
+    drafts_pay = steps == "drafts pay"
     cost = [0.01, 0.0, 0.0, 0.0, 0.0] if drafts_pay else [0.0, 0.01, 0.01, 0.0, 0.0]  # free drafts, or dear ones
     proposer = make_proposer(
         batch_threshold=100, min_match=2, global_sharing=True, payoff=True, payoff_cost=cost, payoff_margin=0.0
     )
+    if steps.endswith("exploring"):
+        proposer.step_cost = ExploringCost(cost)
     short, long = list(range(10, 18)), list(range(20, 80))
     drv = Driver(proposer, {"a": ([1, 2, 3], short), "b": ([4, 5, 6], long)})
     corpus: GlobalCorpus = proposer.drafter.global_corpus
+    working = CATCH_UP_EVERY * EXPLORE_EVERY * 10  # a step that works and, while exploring, explores
     while "a" in drv.unfinished:
-        proposer.steps = CATCH_UP_EVERY * 10 - 1  # the next step works (none is deferred)
+        proposer.steps = working - 1
         drv.step()
-    proposer.steps = CATCH_UP_EVERY * 10 - 1
+    proposer.steps = working - 1
     drv.step()  # the step whose rows show that a left; an empty corpus is due at once
     assert "b" in drv.unfinished
     stored = [r.tolist() for r in corpus.corpus.responses]
