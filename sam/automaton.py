@@ -27,8 +27,8 @@ responses).
 
 An automaton that stops growing for a while (a prompt's finished responses) can be *counted* (:func:`_count`,
 linear, 8.5 more bytes per state): how often each state's strings occur, where they last end, and (in a small memo,
-once a draft asks) where its most frequent continuation leads. Drafts from it then follow the continuation most occurrences took, for as
-long as its estimated chance holds (:func:`_draft_counted`).
+once a draft asks) where its most frequent continuation leads. Drafts from it then follow the continuation most
+occurrences took, for as long as its estimated chance holds (:func:`_draft_counted`).
 
 Every automaton lives in a slot of an :class:`AutomatonPool` (numba typed lists of its arrays), which lets
 compiled code grow an automaton's arrays in place of the old ones and lets :func:`step_rows` extend, match and
@@ -779,8 +779,9 @@ def _step_rows(
             cand_level[:] = OWN_ONCE
             if counted:
                 n, mlen = _draft_counted(
-                    pf_l[c], cl_l[c], table_l[c], stats_l[c], c_len, c_meta[N_CLONES], state, mlen, k, min_match_counted, count_prior,
-                    prior_decay, min_token_prob, cand, cand_level, chance_table, token_cost, CORPUS_SOURCE[j],
+                    pf_l[c], cl_l[c], table_l[c], stats_l[c], c_len, c_meta[N_CLONES], state, mlen, k,
+                    min_match_counted, count_prior, prior_decay, min_token_prob, cand, cand_level, chance_table,
+                    token_cost, CORPUS_SOURCE[j],
                 )  # fmt: skip
             else:
                 kk = min(k, math.ceil(tokens_per_match * (mlen - min_match + 1)))
@@ -1009,8 +1010,7 @@ class Matcher:
         out = np.empty(max(1, k), dtype=np.int32)
         n, _ = _draft_counted(
             pool.prefix[a.slot], pool.clones[a.slot], pool.table[a.slot], pool.stats[a.slot], len(a),
-            pool.meta[a.slot][N_CLONES], self._state,
-            self._len, k, min_match, prior, decay, min_prob, out, np.empty(out.size, dtype=np.int64),
-            np.zeros((0, 0, 0, 0)), 0.0, 1,
+            pool.meta[a.slot][N_CLONES], self._state, self._len, k, min_match, prior, decay, min_prob, out,
+            np.empty(out.size, dtype=np.int64), np.zeros((0, 0, 0, 0)), 0.0, 1,
         )  # fmt: skip
         return out[:n].tolist()

@@ -517,7 +517,8 @@ class BatchDrafter:
         ``explore_from`` (a candidate index per row), each row also writes the candidate the payoff rule learns from
         (:func:`sam.automaton.step_rows`'s ``explored``), read with :meth:`explored`. Without ``store_global`` the
         corpus of every prompt's responses keeps its pending responses, even if due, for a later step: counting it is
-        linear in all it holds, and the proposer stores it only on a step worth that (:meth:`sam.vllm.SAMProposer.propose`)."""
+        linear in all it holds, and the proposer stores it only on a step worth that
+        (:meth:`sam.vllm.SAMProposer._stores_global`)."""
         rows = slots.shape[0]
         if self._out.shape[0] < rows:
             self._alloc_out(rows)

@@ -224,8 +224,8 @@ def main() -> None:
     lines = [
         "# SAM's proposer per engine step: warm caches and after a forward",
         "",
-        f"Produced by `{command}` ({options or 'the default SAM options'}; {args.prompts} x {args.n} requests of {args.model}'s cached"
-        f" rollouts; steps with at least {args.min_rows} requests from the second epoch on).",
+        f"Produced by `{command}` ({options or 'the default SAM options'}; {args.prompts} x {args.n} requests of"
+        f" {args.model}'s cached rollouts; steps with at least {args.min_rows} requests from the second epoch on).",
         "",
         "| between two calls | median ms | mean ms | steps | steps without drafts | steps deferred | mean ms of a working"
         " step | of a deferred step |",
