@@ -243,6 +243,7 @@ class RolloutEngine:
         emitted: dict[str, int] = dict.fromkeys(owner, 0)
         finished: dict[str, Any] = {}
         spec_before = spec_counters(self.llm)
+        busy_before = self.drafter_busy() if self.spec_config is not None else None
         bar = tqdm(total=len(owner), desc="rollout", disable=not progress, leave=False, dynamic_ncols=True)
         start = time.perf_counter()
         while engine.has_unfinished_requests():
@@ -265,6 +266,8 @@ class RolloutEngine:
             spec_now = spec_counters(self.llm) if self.spec_config is not None else spec_before
             timeline.step(t0 - start, t1 - t0, active, stepped, new_tokens, spec_now - spec_before)
         bar.close()
+        if busy_before is not None:
+            timeline.drafter_s = float((self.drafter_busy() - busy_before)[0].sum())
         responses = []
         for rid, p_i in owner.items():
             comp = finished[rid].outputs[0]

@@ -46,6 +46,7 @@ class RolloutTimeline:
     num_requests: int
     steps: list[StepRecord] = field(default_factory=list)
     finishes: dict[str, tuple[int, float]] = field(default_factory=dict)  # request -> (length, finish time)
+    drafter_s: float = float("nan")  # SAM's proposer's own seconds inside the steps (NaN: another drafter, or none)
     _last_spec: tuple[int, int, int] = (0, 0, 0)
 
     def step(self, start_s: float, duration_s: float, active: int, stepped: int, tokens: int, spec_total) -> None:
@@ -88,6 +89,7 @@ class RolloutTimeline:
             "tail_drafts": float(a["drafts"][tail].sum()),
             "tail_accepted_tokens": float(a["accepted_tokens"][tail].sum()),
             "engine_steps": float(len(self.steps)),
+            "drafter_s": self.drafter_s,
         }
         return {**c, **rollout_ratios(c), "longest_sample_tok_s": ratio(float(lengths.max()), total_time, 0.0)}
 
@@ -96,6 +98,7 @@ class RolloutTimeline:
             "num_requests": self.num_requests,
             "steps": [asdict(s) for s in self.steps],
             "finishes": {k: list(v) for k, v in self.finishes.items()},
+            "drafter_s": self.drafter_s,
         }
 
     def save(self, path: str | Path) -> None:
@@ -108,6 +111,7 @@ class RolloutTimeline:
             num_requests=d["num_requests"],
             steps=[StepRecord(**s) for s in d["steps"]],
             finishes={k: (int(v[0]), float(v[1])) for k, v in d["finishes"].items()},
+            drafter_s=float(d.get("drafter_s", NAN)),
         )
 
 
@@ -237,12 +241,17 @@ def rollout_ratios(c: dict[str, float]) -> dict[str, float]:
         "spec_accept_length": 1.0 + ratio(c["accepted_tokens"], c["drafts"], 0.0),
         "tail_spec_accept_length": 1.0 + ratio(c["tail_accepted_tokens"], c["tail_drafts"], 0.0) if tail else NAN,
         "spec_draft_acceptance_rate": ratio(c["accepted_tokens"], c["draft_tokens"], 0.0),
+        # the drafter's share of the rollout time: on the embedded model a step is a few ms, so the proposer's own
+        # work is what separates two SAM variants that accept alike (results/ab)
+        "drafter_time_share": ratio(c["drafter_s"], c["rollout_time_s"]),
+        "drafter_ms_per_step": 1000 * ratio(c["drafter_s"], c["engine_steps"]),
     }
 
 
 COUNT_KEYS = (
     "rollout_time_s", "tokens", "request_steps", "drafts", "draft_tokens", "accepted_tokens", "tail_time_s",
-    "tail_tokens", "tail_request_time_s", "tail_request_steps", "tail_drafts", "tail_accepted_tokens",
+    "tail_tokens", "tail_request_time_s", "tail_request_steps", "tail_drafts", "tail_accepted_tokens", "engine_steps",
+    "drafter_s",
 )  # fmt: skip
 
 

@@ -22,6 +22,7 @@ TIMING_PREFIXES = (
     "rollout/tail_request_tok_s",
     "rollout/longest",
     "rollout/tail_time",
+    "rollout/drafter",
 )
 
 
@@ -90,6 +91,7 @@ def test_two_step_job_then_kill_and_resume_matches_uninterrupted(harness_model, 
         "drift/mtp_accept_start_head",
     ):
         assert key in rows[-1], key
+    assert all(0 < r["rollout/drafter_time_share"] < 1 for r in rows)  # the default SAM drafter's own time
     assert (full / "global_step_3" / "actor" / "model.safetensors").is_file()
     sampled = [json.loads(x) for x in (full / "validation" / "3.jsonl").read_text().splitlines()]
     greedy = [json.loads(x) for x in (full / "validation" / "greedy" / "3.jsonl").read_text().splitlines()]

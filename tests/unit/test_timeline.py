@@ -125,6 +125,20 @@ def test_step_metrics_pool_counts_over_rounds_and_leave_out_a_missing_tail():
     assert not [k for k in alone if "tail" in k and "share" not in k]
 
 
+def test_the_drafters_time_pools_over_rounds_and_is_left_out_without_a_sam_drafter(tmp_path):
+    first = drafting_timeline([(0.01, 20, 20, 60, 20, 40), (0.01, 12, 12, 24, 12, 12)])
+    second = drafting_timeline([(0.004, 9, 9, 18, 9, 9), (0.002, 2, 2, 8, 2, 6)])
+    first.drafter_s, second.drafter_s = 0.002, 0.0012
+    first.save(tmp_path / "round.json")
+    m = step_rollout_metrics([RolloutTimeline.load(tmp_path / "round.json").summary(8), second.summary(8)])
+    assert m["rollout/drafter_time_share"] == pytest.approx(0.0032 / 0.026)
+    assert m["rollout/drafter_ms_per_step"] == pytest.approx(1000 * 0.0032 / 4)
+    # one round without the drafter's time (another drafter) leaves the step without the metric, not at a share
+    # of part of its time
+    plain = step_rollout_metrics([drafting_timeline([(0.01, 20, 20, 60, 20, 40)]).summary(8), second.summary(8)])
+    assert not [k for k in plain if k.startswith("rollout/drafter")]
+
+
 def server_row(t: float, dt: float, active: int, left: int, tokens: int, drafts=0, accepted=0, finished=()):
     return {"t": t, "dt": dt, "active": active, "tokens": tokens, "drafts": drafts,
             "draft_tokens": 2 * drafts, "accepted_tokens": accepted, "finished": [list(f) for f in finished],
