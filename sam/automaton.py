@@ -455,7 +455,7 @@ def _stat_row(n_text, s) -> int:
 @nb.njit(cache=True)
 def _draft_counted(
     pf, cl, table, st, n_text, n_clones, state, mlen, k, min_match, prior, decay, min_prob, out, level, chance_table,
-    token_cost, source,
+    token_cost, source, bounds, floor, floor_free, cand_out, cand_level,
 ):  # fmt: skip
     """Write up to ``k`` tokens into ``out``, each the continuation that most occurrences of the match take
     (the latest occurrence breaks ties), while the estimated chance that the whole draft is accepted stays at
@@ -466,38 +466,74 @@ def _draft_counted(
     link up, at least ``min_match`` long), whichever draft gains the most under ``chance_table`` at ``token_cost``
     for ``source`` as :func:`_draft_gain` scores it: a long match seen once is often beaten by a short one that most
     responses continued the same way (suffix decoding, too, scores every match length). At most
-    :data:`SCORED_LENGTHS` lengths are tried, the longest first. Without a table (``scored`` off), the longest match.
-    Needs counts taken at ``n_text`` (:func:`_count`). Stops at a separator (negative token). Returns (tokens
-    written, the match length they were drafted from).
+    :data:`SCORED_LENGTHS` lengths are tried, the longest first; a length is not drafted where its band's
+    ``bounds`` (:func:`_gain_bounds`) say no draft there or shorter can beat the best so far, starting from ``floor``
+    and ``floor_free`` (a draft the caller already has; ``-inf``: none). Without a table (``scored`` off), the longest
+    match. ``cand_out`` and ``cand_level`` are scratch of ``k``. Needs counts taken at ``n_text`` (:func:`_count`).
+    Stops at a separator (negative token). Returns (tokens written, the match length they were drafted from, the
+    draft's gain and its gain at no cost; 0 and ``floor`` if no length beat it).
     """
     if mlen < min_match or state == 0:
-        return 0, 0
+        return 0, 0, floor, floor_free
     while state != 0 and _length(cl, _link(pf, cl, state)) >= mlen:
         state = _link(pf, cl, state)
-    best_n, best_length, best, best_free = 0, 0, -np.inf, -np.inf
-    cand_out = np.empty(k, dtype=out.dtype)
-    cand_level = np.empty(k, dtype=level.dtype)
+    scored = chance_table.size > 0
+    best_n, best_length, best, best_free = 0, 0, floor, floor_free
     length = mlen
     tried = 0
     while state > 0 and length >= min_match and tried < SCORED_LENGTHS:
         tried += 1
+        if scored:
+            band = match_band(length)
+            if _cannot_beat(bounds[0, source, band], bounds[1, source, band], best, best_free):
+                break  # the bounds only fall with the match length, and the best only rises
         n = _draft_counted_at(
             pf, cl, table, st, n_text, n_clones, state, length, k, min_match, prior, decay, min_prob, cand_out,
             cand_level,
         )  # fmt: skip
-        gain = free = 0.0  # unscored: only the longest match is drafted, so there is nothing to compare
-        if chance_table.size > 0:
-            gain = _draft_gain(chance_table, token_cost, source, length, cand_level, n)
-            free = _draft_gain(chance_table, 0.0, source, length, cand_level, n)
+        if not scored:  # unscored: the longest match's draft
+            out[:n] = cand_out[:n]
+            level[:n] = cand_level[:n]
+            return n, length, 0.0, 0.0
+        gain, free = _draft_gain(chance_table, token_cost, source, length, cand_level, n)
         if n > 0 and (gain > best or (gain == best and free > best_free)):
             best_n, best_length, best, best_free = n, length, gain, free
             out[:n] = cand_out[:n]
             level[:n] = cand_level[:n]
-        if chance_table.size == 0:  # unscored: the longest match's draft
-            break
         state = _link(pf, cl, state)
         length = _length(cl, state)
-    return best_n, best_length
+    return best_n, best_length, best, best_free
+
+
+@nb.njit(cache=True, inline="always")
+def _cannot_beat(bound, bound_free, best, best_free) -> bool:
+    """Whether a draft whose gain is at most ``bound`` (at no cost ``bound_free``) cannot win over the best so far
+    (a higher gain wins, a tie goes to the higher gain at no cost)."""
+    return bound < best or (bound == best and bound_free <= best_free)
+
+
+@nb.njit(cache=True)
+def _gain_bounds(chance_table, token_cost, out) -> None:
+    """``out[0, source, band]``: the most :func:`_draft_gain` can give a draft from ``source`` at a match band up to
+    ``band`` at ``token_cost``, taking at every position the likeliest evidence level; ``out[1]`` the same at no
+    cost. Chances only fall along a draft, so a candidate whose bound is below the best draft so far is not drafted:
+    a scored step tries each counted corpus at up to :data:`SCORED_LENGTHS` match lengths, each a draft whose tokens
+    scan their states' edges."""
+    for source in range(chance_table.shape[0]):
+        most = most_free = -np.inf
+        for band in range(chance_table.shape[1]):
+            chance, gain, free = 1.0, 0.0, 0.0
+            for j in range(chance_table.shape[3]):
+                likeliest = 0.0
+                for lv in range(chance_table.shape[2]):
+                    likeliest = max(likeliest, chance_table[source, band, lv, j])
+                chance *= likeliest
+                if chance > token_cost:
+                    gain += chance - token_cost
+                if chance > 0.0:
+                    free += chance
+            most, most_free = max(most, gain), max(most_free, free)
+            out[0, source, band], out[1, source, band] = most, most_free
 
 
 @nb.njit(cache=True)
@@ -670,19 +706,22 @@ def step_rows(
 
 
 @nb.njit(cache=True)
-def _draft_gain(chance_table, token_cost, source, mlen, level, n) -> float:
-    """Expected accepted tokens less ``token_cost`` per token sent of an ``n``-token draft from ``source`` at match
-    length ``mlen`` whose tokens' evidence levels are ``level``, under the learned conditional chances
-    ``chance_table`` (:mod:`sam.cells`), sending the tokens whose chance exceeds the cost (the payoff rule's cut)."""
+def _draft_gain(chance_table, token_cost, source, mlen, level, n) -> tuple:
+    """(expected accepted tokens less ``token_cost`` per token sent, the same at no cost) of an ``n``-token draft
+    from ``source`` at match length ``mlen`` whose tokens' evidence levels are ``level``, under the learned
+    conditional chances ``chance_table`` (:mod:`sam.cells`), sending the tokens whose chance exceeds the cost (the
+    payoff rule's cut)."""
     band = match_band(mlen)
     chance = 1.0
-    total = 0.0
+    total = free = 0.0
     for j in range(n):
         chance *= chance_table[source, band, level[j], j]
-        if chance <= token_cost:
+        if chance <= 0.0:
             break
-        total += chance - token_cost
-    return total
+        free += chance
+        if chance > token_cost:
+            total += chance - token_cost
+    return total, free
 
 
 @nb.njit(cache=True, inline="always")
@@ -709,6 +748,12 @@ def _step_rows(
         min_match_counted = max(min_match_counted, min_match)
     cand = np.empty(out.shape[1], dtype=out.dtype)
     cand_level = np.empty(out.shape[1], dtype=out_level.dtype)
+    scratch = np.empty(out.shape[1], dtype=out.dtype)
+    scratch_level = np.empty(out.shape[1], dtype=out_level.dtype)
+    bounds = np.zeros((2, 0, 0))
+    if scored:
+        bounds = np.empty((2, chance_table.shape[0], chance_table.shape[1]))
+        _gain_bounds(chance_table, token_cost, bounds)
     exploring = scored and pick.size > 0
     candidates = 1 + src_slot.shape[1]
     for r in range(own.shape[0]):
@@ -742,10 +787,9 @@ def _step_rows(
                     )
             else:
                 n = _draft_slot(pf_l, cl_l, meta_l, s, meta[MATCH_STATE], mlen, kk, min_match, cand)
-            gain, free = mlen + own_bonus, 0.0
+            gain, free = float(mlen + own_bonus), 0.0
             if scored:
-                gain = _draft_gain(chance_table, token_cost, OWN, mlen, cand_level, n)
-                free = _draft_gain(chance_table, 0.0, OWN, mlen, cand_level, n)
+                gain, free = _draft_gain(chance_table, token_cost, OWN, mlen, cand_level, n)
             if exploring:
                 rank = (candidates - pick[r] % candidates) % candidates
                 ex_rank = _offer(
@@ -777,21 +821,25 @@ def _step_rows(
             if not scored and mlen <= best:  # the longest match wins: no need to draft a shorter one
                 continue
             cand_level[:] = OWN_ONCE
+            rank = (1 + j - pick[r] % candidates) % candidates if exploring else candidates
+            gain, free = float(mlen), 0.0
             if counted:
-                n, mlen = _draft_counted(
+                # a corpus that may be the row's explored candidate drafts its best whatever the row has; another
+                # only what can beat the row's best draft so far
+                floor, floor_free = (-np.inf, -np.inf) if rank < ex_rank else (best, best_free)
+                n, mlen, gain, free = _draft_counted(
                     pf_l[c], cl_l[c], table_l[c], stats_l[c], c_len, c_meta[N_CLONES], state, mlen, k,
                     min_match_counted, count_prior, prior_decay, min_token_prob, cand, cand_level, chance_table,
-                    token_cost, CORPUS_SOURCE[j],
+                    token_cost, CORPUS_SOURCE[j], bounds, floor, floor_free, scratch, scratch_level,
                 )  # fmt: skip
+                if not scored:
+                    gain = float(mlen)
             else:
                 kk = min(k, math.ceil(tokens_per_match * (mlen - min_match + 1)))
                 n = _draft_slot(pf_l, cl_l, meta_l, c, state, mlen, kk, min_match, cand)
-            gain, free = mlen, 0.0
-            if scored:
-                gain = _draft_gain(chance_table, token_cost, CORPUS_SOURCE[j], mlen, cand_level, n)
-                free = _draft_gain(chance_table, 0.0, CORPUS_SOURCE[j], mlen, cand_level, n)
+                if scored:
+                    gain, free = _draft_gain(chance_table, token_cost, CORPUS_SOURCE[j], mlen, cand_level, n)
             if exploring:
-                rank = (1 + j - pick[r] % candidates) % candidates
                 ex_rank = _offer(
                     ex_rank, rank, r, cand, n, CORPUS_SOURCE[j], mlen, cand_level, ex, ex_n, ex_group, ex_mlen, ex_level
                 )
@@ -1008,9 +1056,11 @@ class Matcher:
             raise ValueError("draft_frequent needs occurrence counts of the current text: call count_occurrences()")
         pool = a._pool
         out = np.empty(max(1, k), dtype=np.int32)
-        n, _ = _draft_counted(
+        levels = np.empty(out.size, dtype=np.int64)
+        n, _, _, _ = _draft_counted(
             pool.prefix[a.slot], pool.clones[a.slot], pool.table[a.slot], pool.stats[a.slot], len(a),
-            pool.meta[a.slot][N_CLONES], self._state, self._len, k, min_match, prior, decay, min_prob, out,
-            np.empty(out.size, dtype=np.int64), np.zeros((0, 0, 0, 0)), 0.0, 1,
+            pool.meta[a.slot][N_CLONES], self._state, self._len, k, min_match, prior, decay, min_prob, out, levels,
+            np.zeros((0, 0, 0, 0)), 0.0, 1, np.zeros((2, 0, 0)), -np.inf, -np.inf, np.empty_like(out),
+            np.empty_like(levels),
         )  # fmt: skip
         return out[:n].tolist()

@@ -212,6 +212,48 @@ def test_frequent_draft_matches_oracle(alphabet):
             assert got == want, (corpus, match, got, want)
 
 
+@pytest.mark.parametrize("alphabet", [2, 5])
+def test_a_scored_draft_skips_only_match_lengths_that_cannot_beat_the_best(alphabet):
+    """The scored kernel leaves out a counted corpus's match lengths whose band's bound (the likeliest evidence level
+    at every position) cannot beat the best draft so far: its drafts, gains and the match they come from are the
+    ones that trying every length gives, for random chances, token costs and drafts already in hand."""
+    from sam.automaton import N_CLONES, _draft_counted, _gain_bounds
+    from sam.cells import LEVELS, MATCH_BANDS, PROMPT_GROUP, SOURCES
+
+    rng = np.random.default_rng(20 + alphabet)
+    pruned = 0
+    for trial in range(40):
+        sa = SuffixAutomaton(capacity=4)
+        for sep in range(1, int(rng.integers(3, 9))):
+            sa.extend(list(map(int, rng.integers(0, alphabet, size=rng.integers(3, 25)))) + [-sep])
+        sa.count_occurrences()
+        table = rng.uniform(0.0, 1.0, size=(SOURCES, MATCH_BANDS.size, LEVELS, 6)) ** rng.uniform(0.2, 3.0)
+        if trial % 2:  # short matches likelier than long ones: a shorter length can win after a longer one lost
+            table *= np.linspace(1.0, 0.1, MATCH_BANDS.size)[None, :, None, None]
+        cost = float(rng.choice([0.0, 0.1, 0.3, 0.6]))
+        bounds = np.empty((2, SOURCES, MATCH_BANDS.size))
+        _gain_bounds(table, cost, bounds)
+        never = np.full_like(bounds, np.inf)
+        m = sa.matcher()
+        pool, slot = sa._pool, sa.slot
+        for tok in rng.integers(0, alphabet, size=12):
+            m.feed([int(tok)])
+            floor = float(rng.choice([-np.inf, 0.0, 0.5, 1.5]))
+            floor_free = -np.inf if floor == -np.inf else float(rng.uniform(0.0, 3.0))
+            results = []
+            for b in (bounds, never):
+                out, level = np.zeros(6, np.int32), np.zeros(6, np.int64)
+                got = _draft_counted(
+                    pool.prefix[slot], pool.clones[slot], pool.table[slot], pool.stats[slot], len(sa),
+                    pool.meta[slot][N_CLONES], m._state, m._len, 6, 1, 1.0, 1.0, 0.0, out, level, table, cost,
+                    PROMPT_GROUP, b, floor, floor_free, np.empty(6, np.int32), np.empty(6, np.int64),
+                )  # fmt: skip
+                results.append((got, out[: got[0]].tolist(), level[: got[0]].tolist()))
+            assert results[0] == results[1], (trial, floor, cost)
+            pruned += results[0][0][0] == 0 and floor > -np.inf
+    assert pruned  # some drafts in hand were not beaten
+
+
 def test_counts_go_stale_when_the_text_grows():
     sa = SuffixAutomaton()
     sa.extend([1, 2, 3, -1, 1, 2, 4, -2, 1, 2, 4, -3])
