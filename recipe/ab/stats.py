@@ -137,7 +137,6 @@ QUARTER_METRICS = (
     ("drift/mtp_accept_sampled_head", "the run's head's, sampled draft (drift probe)", 3),
     ("rollout/spec_draft_acceptance_rate", "vLLM draft acceptance rate", 3),
     ("rollout/drafter_time_share", "SAM drafter's share of the rollout time", 3),
-    ("rollout/drafter_ms_per_step", "SAM drafter's ms per engine step", 3),
 )
 
 

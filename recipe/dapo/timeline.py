@@ -244,14 +244,12 @@ def rollout_ratios(c: dict[str, float]) -> dict[str, float]:
         # the drafter's share of the rollout time: on the embedded model a step is a few ms, so the proposer's own
         # work is what separates two SAM variants that accept alike (results/ab)
         "drafter_time_share": ratio(c["drafter_s"], c["rollout_time_s"]),
-        "drafter_ms_per_step": 1000 * ratio(c["drafter_s"], c["engine_steps"]),
     }
 
 
 COUNT_KEYS = (
     "rollout_time_s", "tokens", "request_steps", "drafts", "draft_tokens", "accepted_tokens", "tail_time_s",
-    "tail_tokens", "tail_request_time_s", "tail_request_steps", "tail_drafts", "tail_accepted_tokens", "engine_steps",
-    "drafter_s",
+    "tail_tokens", "tail_request_time_s", "tail_request_steps", "tail_drafts", "tail_accepted_tokens", "drafter_s",
 )  # fmt: skip
 
 
