@@ -115,7 +115,7 @@ class SAMProposer:
         self._last_drafted = 0  # draft tokens sent at the last call (verified in the step that just ran)
         self._token_cost = 0.0  # the chance a draft token had to exceed at the last payoff cut: the drafter picks
         # each request's source by what its draft gains at that cost (sam.automaton.step_rows)
-        self._quiet = False  # scored: the last payoff cut sent nothing although the bound could not rule drafts out
+        self._quiet = False  # the last payoff cut sent nothing although the bound could not rule drafts out
         # (:meth:`_defers`)
         logger.info("SAMProposer: K=%d options=%s", self.k, self.options)
 
@@ -290,7 +290,7 @@ class SAMProposer:
             lengths, self._token_cost = payoff_cut(
                 chances, lengths, rows, self.step_cost.coef, self.options.payoff_margin
             )
-            self._quiet = self.options.scored and not lengths.any()
+            self._quiet = not lengths.any()
         self._last_drafted = int(lengths.sum())
         return lengths
 
@@ -307,11 +307,12 @@ class SAMProposer:
         return nothing_can_pay(self.acceptance, rows, self.step_cost.coef, self.options.payoff_margin)
 
     def _defers(self, idle: bool) -> bool:
-        """Whether this step may leave the drafter's work to a later one (:meth:`propose`): where nothing can pay, or,
-        with ``scored``, while the last payoff cut sent nothing. Its bound takes the likeliest evidence level at every
-        position, which some cell always makes worth a draft, so on SmolLM2 it ruled out no step where the default's
-        ruled out 73% of them, and 94-96% of the steps sent nothing (results/real/README.md); the step that works
-        (one in :data:`sam.payoff.CATCH_UP_EVERY`) cuts the drafts it finds, and the first that sends any ends it."""
+        """Whether this step may leave the drafter's work to a later one (:meth:`propose`): where nothing can pay, or
+        while the last payoff cut sent nothing. The bound cannot rule out drafts where a few requests are left (the
+        tail), nor, with ``scored``, anywhere (it takes the likeliest evidence level at every position): on SmolLM2
+        94-96% of the steps sent nothing, and scored drafting deferred none of them, the default none in the tail
+        (results/real/README.md). The step that works (one in :data:`sam.payoff.CATCH_UP_EVERY`) cuts the drafts it
+        finds, and the first that sends any ends it."""
         return (idle or self._quiet) and self._rows is not None and self.options.defer_idle
 
     def _stores_global(self, rows: int, prefilled: int, idle: bool) -> bool:

@@ -239,6 +239,7 @@ def test_where_nothing_can_pay_the_drafter_works_one_step_in_four_and_loses_no_t
     rollout = periodic_requests(8)
     proposers = [make_proposer(**never_pays), make_proposer(**never_pays)]
     proposers[1]._nothing_can_pay = lambda rows: False  # the same rule, drafting for every request on every step
+    proposers[1]._defers = lambda idle: False  # ... even after a payoff cut that sent nothing
     calls = []
     for proposer in proposers:
         step_arrays = proposer.drafter.step_arrays

@@ -601,27 +601,31 @@ def test_the_corpus_of_every_prompts_responses_is_stored_only_on_a_step_that_can
 
 
 @pytest.mark.parametrize("scored", [True, False])
-def test_a_scored_drafter_that_sent_nothing_works_on_one_step_in_four_until_a_request_starts(scored):
-    """With evidence levels the bound of what a draft can gain takes the likeliest level at every position: one cell
-    that no draft reaches (here every prompt's responses, off) keeps it from ruling any step out. A scored drafter
-    whose payoff cut sent nothing then leaves its work to one step in CATCH_UP_EVERY, as where nothing can pay; the
-    longest-match drafter, whose bound has no levels, works every step here."""
-    proposer = make_proposer(
-        batch_threshold=100, min_match=2, payoff=True, payoff_cost=[0.01, 0.0, 0.001, 0.0, 0.0], scored=scored
-    )  # a draft token costs a fifth of a token at 2 rows: the prior's 5% chance does not pay, a sure one would
-    sure = (EVERY_PROMPT, slice(None), LEVELS - 1, slice(None)) if scored else (EVERY_PROMPT, slice(None), 0)
+@pytest.mark.parametrize("drafts_pay", [False, True])
+def test_a_drafter_whose_payoff_cut_sent_nothing_works_on_one_step_in_four_until_a_request_starts(scored, drafts_pay):
+    """The bound of what a draft can gain takes the best cell (with ``scored``, the likeliest evidence level at every
+    position): one cell that no draft reaches (here every prompt's responses, off) keeps it from ruling any step out,
+    as a few requests do on SmolLM2. A drafter whose payoff cut sent nothing then leaves its work to one step in
+    CATCH_UP_EVERY, as where nothing can pay, until a step starts requests; one whose drafts pay works every step."""
+    cost = [0.01, 0.0, 0.0 if drafts_pay else 0.001, 0.0, 0.0]  # free drafts, or a fifth of a token each at 2 rows:
+    # the prior's 5% chance does not pay, a sure one would
+    proposer = make_proposer(batch_threshold=100, min_match=2, payoff=True, payoff_cost=cost, scored=scored)
+    sure = (EVERY_PROMPT, slice(None), LEVELS - 1 if scored else 0, slice(None))
+    if drafts_pay:
+        sure = (slice(None),) * 4  # every draft is accepted
     proposer.acceptance.accepted[sure] = proposer.acceptance.reached[sure]
     text = [7, 8, 9] * 30  # own-text drafts at every step
     drv = Driver(proposer, {"a": ([1, 2], text), "b": ([3, 4], text[1:])})
     drv.step()  # starts the requests
     proposer.steps = CATCH_UP_EVERY * 10 - 1
-    drv.step()  # a working step: its cut sends nothing
-    assert proposer.deferred_steps == 0 and proposer._last_drafted == 0
+    drv.step()  # a working step
+    assert proposer.deferred_steps == 0 and (proposer._last_drafted > 0) == drafts_pay
+    quiet = 0 if drafts_pay else CATCH_UP_EVERY - 1
     for _ in range(CATCH_UP_EVERY - 1):
         drv.step()
-    assert proposer.deferred_steps == (CATCH_UP_EVERY - 1 if scored else 0)
+    assert proposer.deferred_steps == quiet
     drv.step()  # the next working step
-    assert proposer.deferred_steps == (CATCH_UP_EVERY - 1 if scored else 0)
+    assert proposer.deferred_steps == quiet
     proposer.steps = CATCH_UP_EVERY * 20
     Driver(proposer, {"c": ([5, 6], text)}).step()  # a request's start: the drafter works
-    assert proposer.deferred_steps == (CATCH_UP_EVERY - 1 if scored else 0)
+    assert proposer.deferred_steps == quiet
