@@ -494,7 +494,7 @@ def _draft_counted(
         if not scored:  # unscored: the longest match's draft
             out[:n] = cand_out[:n]
             level[:n] = cand_level[:n]
-            return n, length, 0.0, 0.0
+            return n, (length if n > 0 else 0), 0.0, 0.0
         gain, free = _draft_gain(chance_table, token_cost, source, length, cand_level, n)
         if n > 0 and (gain > best or (gain == best and free > best_free)):
             best_n, best_length, best, best_free = n, length, gain, free
