@@ -45,7 +45,17 @@ import numba as nb
 import numpy as np
 from numba.typed import List
 
-from sam.cells import CORPUS_SOURCE, OWN, OWN_AGREED, OWN_ONCE, OWN_ONCE_SPLIT, OWN_SPLIT, counted_level, match_band
+from sam.cells import (
+    CORPUS_SOURCE,
+    OWN,
+    OWN_AGREED,
+    OWN_ONCE,
+    OWN_ONCE_SPLIT,
+    OWN_SPLIT,
+    counted_level,
+    likeliest_gain,
+    match_band,
+)
 
 CLONE = 1 << 30  # clone ids: CLONE | index into the clone table; prefix state ids: 0..n
 NO_TOK = -(2**31)  # no token: an empty chain or no inline edge (token ids must be greater)
@@ -515,23 +525,14 @@ def _cannot_beat(bound, bound_free, best, best_free) -> bool:
 @nb.njit(cache=True)
 def _gain_bounds(chance_table, token_cost, out) -> None:
     """``out[0, source, band]``: the most :func:`_draft_gain` can give a draft from ``source`` at a match band up to
-    ``band`` at ``token_cost``, taking at every position the likeliest evidence level; ``out[1]`` the same at no
-    cost. Chances only fall along a draft, so a candidate whose bound is below the best draft so far is not drafted:
-    a scored step tries each counted corpus at up to :data:`SCORED_LENGTHS` match lengths, each a draft whose tokens
-    scan their states' edges."""
+    ``band`` at ``token_cost`` (:func:`sam.cells.likeliest_gain`, best over the bands up to that one); ``out[1]`` the
+    same at no cost. A candidate whose bound is below the best draft so far is not drafted: a scored step tries each
+    counted corpus at up to :data:`SCORED_LENGTHS` match lengths, each a draft whose tokens scan their states'
+    edges."""
     for source in range(chance_table.shape[0]):
         most = most_free = -np.inf
         for band in range(chance_table.shape[1]):
-            chance, gain, free = 1.0, 0.0, 0.0
-            for j in range(chance_table.shape[3]):
-                likeliest = 0.0
-                for lv in range(chance_table.shape[2]):
-                    likeliest = max(likeliest, chance_table[source, band, lv, j])
-                chance *= likeliest
-                if chance > token_cost:
-                    gain += chance - token_cost
-                if chance > 0.0:
-                    free += chance
+            gain, free = likeliest_gain(chance_table, source, band, token_cost)
             most, most_free = max(most, gain), max(most_free, free)
             out[0, source, band], out[1, source, band] = most, most_free
 

@@ -58,3 +58,24 @@ def bands(match_len: np.ndarray) -> np.ndarray:
     for r in range(match_len.shape[0]):
         out[r] = match_band(match_len[r])
     return out
+
+
+@nb.njit(cache=True)
+def likeliest_gain(chance_table: np.ndarray, source: int, band: int, token_cost: float) -> tuple:
+    """(expected accepted tokens less ``token_cost`` per token sent, the same at no cost) of a draft from ``source`` at
+    match band ``band`` whose every token is at its likeliest evidence level, sending the tokens whose chance of
+    acceptance (``chance_table``: [source, band, level, position] conditional chances) exceeds the cost. Chances only
+    fall along a draft, so no real draft in that cell gains more: the bound that lets the drafting kernel skip
+    candidates (:func:`sam.automaton._gain_bounds`) and the payoff rule skip whole steps
+    (:meth:`sam.payoff.AcceptanceModel.best_row_gain`)."""
+    chance, gain, free = 1.0, 0.0, 0.0
+    for j in range(chance_table.shape[3]):
+        likeliest = 0.0
+        for level in range(chance_table.shape[2]):
+            likeliest = max(likeliest, chance_table[source, band, level, j])
+        chance *= likeliest
+        if chance > token_cost:
+            gain += chance - token_cost
+        if chance > 0.0:
+            free += chance
+    return gain, free

@@ -38,7 +38,7 @@ import numpy as np
 import scipy.linalg
 import scipy.optimize
 
-from sam.cells import LEVELS, MATCH_BANDS, SOURCES, bands
+from sam.cells import LEVELS, MATCH_BANDS, SOURCES, bands, likeliest_gain
 
 EXPLORE_UNTIL = 32  # steps with drafts an engine observes before it stops exploring what drafting costs
 EXPLORE_EVERY = 16  # ... on one step in this many
@@ -103,9 +103,7 @@ class AcceptanceModel:
         """What one request's draft can gain at most, in accepted tokens less ``token_cost`` per token sent: the best
         over sources, match bands and lengths, taking at every position the likeliest evidence level (an upper bound
         of any real draft's, whose levels are what its tokens have; :func:`nothing_can_pay`)."""
-        if self.levels:
-            return _best_row_gain(self.conditional(), self._ones, token_cost)
-        return _best_row_gain(self.accepted, self.reached, token_cost)
+        return _best_row_gain(self.conditional(), token_cost)
 
     def chances(self, group: np.ndarray, band: np.ndarray, level: np.ndarray) -> np.ndarray:
         """[rows, k]: the chance that the first j + 1 draft tokens of each row are all accepted (``level``: [rows, k]
@@ -143,18 +141,11 @@ def _shrunk_chances(accepted, reached, mean, weight, out) -> None:
 
 
 @nb.njit(cache=True)
-def _best_row_gain(accepted, reached, token_cost) -> float:
+def _best_row_gain(chance_table, token_cost) -> float:
     best = 0.0
-    for source in range(accepted.shape[0]):
-        for band in range(accepted.shape[1]):
-            chance, gain = 1.0, 0.0
-            for j in range(accepted.shape[3]):
-                likeliest = 0.0
-                for level in range(accepted.shape[2]):
-                    likeliest = max(likeliest, accepted[source, band, level, j] / reached[source, band, level, j])
-                chance *= likeliest
-                gain += chance - token_cost
-                best = max(best, gain)
+    for source in range(chance_table.shape[0]):
+        for band in range(chance_table.shape[1]):
+            best = max(best, likeliest_gain(chance_table, source, band, token_cost)[0])
     return best
 
 
