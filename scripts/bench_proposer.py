@@ -99,11 +99,21 @@ def time_parts(sam, spent: dict[str, float]) -> None:
 
 
 def drive(
-    groups, n: int, epochs: int, evict_mb: int, min_rows: int, defer_idle: bool, options: dict, parts: bool = False
+    groups,
+    n: int,
+    epochs: int,
+    evict_mb: int,
+    min_rows: int,
+    defer_idle: bool,
+    options: dict,
+    parts: bool = False,
+    load_model: bool = False,
 ) -> dict:
     """``n`` responses of every prompt decoded together, other ones in each of ``epochs`` passes; ms per
     ``propose`` call (and, with ``parts``, per part of it: PARTS, the rest being vLLM's lists turned into arrays, the
-    row budgets and the drafts turned back into lists)."""
+    row budgets and the drafts turned back into lists), and the seconds of every call of the first epoch; with
+    ``load_model``, after the proposer's ``load_model`` (as vLLM calls it at engine start: it warms the compiled
+    code) and its seconds."""
     import torch
 
     from recipe.dapo.config import spec_group
@@ -112,6 +122,11 @@ def drive(
     max_len = max(p.size + r.size for p, rs in groups for r in rs) + 8
     rows = len(groups) * n
     sam = proposer(k, max_len, rows, defer_idle, options)
+    start = time.perf_counter()
+    if load_model:
+        sam.load_model(None)
+    load_model_s = time.perf_counter() - start
+    first_epoch_s = 0.0
     clock = SimulatedClock()
     sam.clock = clock
     spent: dict[str, float] = {}
@@ -157,6 +172,7 @@ def drive(
             start = time.perf_counter()
             sam.propose(sampled, rows_lengths, rows_tokens)
             seconds = time.perf_counter() - start
+            first_epoch_s += seconds if epoch == 0 else 0.0
             if epoch > 0 and live.size >= min_rows:
                 times.append(seconds)
                 idle.append(sam._last_drafted == 0)
@@ -164,6 +180,8 @@ def drive(
                 for label, part in part_times.items():
                     part.append(spent.get(label, 0.0))
     result = {
+        "first_epoch_s": first_epoch_s,
+        "load_model_s": load_model_s,
         "median_ms": 1000 * float(np.median(times)),
         "mean_ms": 1000 * float(np.mean(times)),
         "steps": len(times),
@@ -194,13 +212,26 @@ def main() -> None:
         "--sam-option", action="append", default=[], metavar="KEY=VALUE",
         help="a SAM option over configs/spec/sam.yaml's (defer_idle is each mode's own)",
     )  # fmt: skip
+    parser.add_argument(
+        "--fresh", type=int, default=0, metavar="PAIRS",
+        help="instead: PAIRS fresh processes each with and without load_model's warm-up, back to back; the proposer's"
+        " seconds over the first epoch (first_epoch.md)",
+    )  # fmt: skip
+    parser.add_argument("--child", choices=("cold", "warm"), help=argparse.SUPPRESS)  # one process of --fresh
     parser.add_argument("--out", default=str(REPO_ROOT / "results" / "real" / "proposer_cost" / "bench_64"))
     args = parser.parse_args()
     options = sam_option_values(args.sam_option)
     torch.set_num_threads(args.threads)
     if args.epochs * args.n > 8:
         parser.error(f"--epochs {args.epochs} x --n {args.n} needs more than the cache's 8 responses per prompt")
+    if args.fresh:
+        return fresh_processes(args, options)
     groups = rollouts(args.model, 64, 8, 384)[: args.prompts]  # bench_sam_real.py's cached rollouts
+    if args.child:
+        print(
+            json.dumps(drive(groups, args.n, args.epochs, 0, args.min_rows, True, options, False, args.child == "warm"))
+        )
+        return
     modes = {  # name -> (MiB evicted between calls, defer_idle)
         "back to back": (0, True),
         "after a forward": (args.evict_mb, True),
@@ -250,6 +281,49 @@ def main() -> None:
                 f"| {label} | " + " | ".join(f"{r['parts_median_ms'][label]:.4f}" for r in results.values()) + " |"
             )
     (out / "proposer_cost.md").write_text("\n".join(lines) + "\n")
+
+
+def fresh_processes(args: argparse.Namespace, options: dict) -> None:
+    """``--fresh``: pairs of fresh processes (one without load_model, one with, in turn), each driving the proposer
+    back to back over ``--epochs`` of the cached rollouts; the first epoch's proposer seconds and load_model's."""
+    import subprocess
+
+    runs: dict[str, list[dict]] = {"cold": [], "warm": []}
+    for _ in range(args.fresh):
+        for mode in runs:
+            command = [sys.executable, __file__, "--child", mode, "--prompts", str(args.prompts), "--n", str(args.n)]
+            command += ["--epochs", str(args.epochs), "--min-rows", str(args.min_rows)]
+            command += [f"--sam-option={k}={v}" for k, v in options.items()]
+            out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+            runs[mode].append(json.loads(out.strip().splitlines()[-1]))
+            print(mode, runs[mode][-1]["first_epoch_s"], runs[mode][-1]["load_model_s"], flush=True)
+    command = (
+        f".venv/bin/python scripts/bench_proposer.py --fresh {args.fresh} --prompts {args.prompts} --n {args.n} "
+        f"--epochs {args.epochs}" + "".join(f" --sam-option {k}={v}" for k, v in options.items())
+    )
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "first_epoch.json").write_text(json.dumps({"command": command, "runs": runs}, indent=2))
+
+    def median(mode: str, key: str) -> float:
+        return float(np.median([r[key] for r in runs[mode]]))
+
+    lines = [
+        "# SAM's proposer in a fresh process: its first epoch with and without load_model's warm-up",
+        "",
+        f"Produced by `{command}` ({options or 'the default SAM options'}; {args.prompts} x {args.n} requests of"
+        f" {args.model}'s cached rollouts, calls back to back; {args.fresh} fresh processes each, in turn).",
+        "",
+        "| process | proposer seconds over the first epoch, median | range | load_model seconds, median |",
+        "|---|---|---|---|",
+    ]
+    for mode, label in (("cold", "without load_model"), ("warm", "after load_model (vLLM calls it at engine start)")):
+        spent = [r["first_epoch_s"] for r in runs[mode]]
+        lines.append(
+            f"| {label} | {median(mode, 'first_epoch_s'):.3f} | {min(spent):.3f}-{max(spent):.3f} "
+            f"| {median(mode, 'load_model_s'):.3f} |"
+        )
+    (out / "first_epoch.md").write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

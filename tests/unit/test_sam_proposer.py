@@ -629,3 +629,50 @@ def test_a_drafter_whose_payoff_cut_sent_nothing_works_on_one_step_in_four_until
     proposer.steps = CATCH_UP_EVERY * 20
     Driver(proposer, {"c": ([5, 6], text)}).step()  # a request's start: the drafter works
     assert proposer.deferred_steps == quiet
+
+
+WARM_CHECK = """
+import json, sys
+from types import SimpleNamespace
+import sam.automaton, sam.payoff, sam.policy, sam.vllm
+cfg = SimpleNamespace(
+    speculative_config=SimpleNamespace(num_speculative_tokens=4, num_speculative_tokens_per_batch_size=None),
+    model_config=SimpleNamespace(max_model_len=4096),
+    scheduler_config=SimpleNamespace(max_num_seqs=256),
+    additional_config={"sam": json.loads(sys.argv[1])},
+)
+proposer = sam.vllm.SAMProposer(cfg)
+if sys.argv[2] == "load":
+    proposer.load_model(None)
+entry = [(sam.automaton, "_step_rows"), (sam.automaton, "_extend"), (sam.automaton, "_count"),
+         (sam.automaton, "_release"), (sam.vllm, "_catch_up"), (sam.payoff, "_payoff_cut"),
+         (sam.payoff, "_start_shadows"), (sam.payoff, "_advance_shadows"), (sam.payoff, "_shadow_turns"),
+         (sam.payoff, "_chances"), (sam.payoff, "_best_row_gain")]
+if proposer.options.scored:
+    entry.append((sam.payoff, "_shrunk_chances"))
+print(json.dumps({
+    "cold": [name for module, name in entry if not getattr(module, name).signatures],
+    "state": [proposer.steps, proposer.num_requests, proposer.acceptance.observed, proposer.drafter.pool.live(),
+              len(proposer.drafter.groups.groups), proposer.step_cost.steps],
+}))
+"""
+
+
+@pytest.mark.parametrize("options", [{}, {"scored": True, "global_sharing": True}])
+def test_load_model_runs_every_compiled_kernel_of_a_step_on_a_twin_and_leaves_the_proposer_untouched(options):
+    """vLLM calls load_model at engine start: a fresh process's first kernel calls (numba's cache loads, typed-list
+    access compiled) happen there, not in the first rollout; checked in a fresh interpreter, where nothing is warm."""
+    import json
+    import subprocess
+    import sys
+
+    def run(mode: str) -> dict:
+        out = subprocess.run(
+            [sys.executable, "-c", WARM_CHECK, json.dumps(options), mode], capture_output=True, text=True, check=True
+        )
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    cold, loaded = run("cold"), run("load")
+    assert cold["cold"], "a fresh interpreter should start with cold kernels"
+    assert loaded["cold"] == []
+    assert loaded["state"] == cold["state"]  # steps, requests, acceptance, automata, groups, step cost: as built
