@@ -61,11 +61,11 @@ class SAMOptions:
     # them, drafts its siblings' openings from its first step (0: only after min_match tokens of its own)
     group_sharing: bool = True  # draft from finished sibling responses of the same prompt
     cross_epoch: bool = True  # draft from earlier rollouts' responses to the same prompt
-    scored: bool = False  # with the payoff rule: count acceptance also by each draft token's evidence level and pick
+    scored: bool = True  # with the payoff rule: count acceptance also by each draft token's evidence level and pick
     # each request's source (and a counted corpus's match length) by what its draft gains under those chances
-    # (sam/cells.py; above vLLM suffix at every drafting level teacher-forced on SmolLM2, but 1.40x spec off in the
-    # embedded training A/B where the longest match gave 1.55x: results/real/README.md); False: the longest match
-    global_sharing: bool = False  # draft from every prompt's finished responses in this engine (one counted corpus:
+    # (sam/cells.py; with global_sharing above vLLM suffix at every drafting level teacher-forced on SmolLM2, and within
+    # 1-3% of the longest match in the embedded training A/B: results/real/README.md); False: the longest match
+    global_sharing: bool = True  # draft from every prompt's finished responses in this engine (one counted corpus:
     # answers to one task share their phrasing; suffix decoding's global tree; with scored, what puts SAM above
     # suffix at its loosest settings teacher-forced on SmolLM2)
     max_global_tokens: int = 1 << 20  # that corpus's bound; beyond it, it keeps its newest responses (half the bound)

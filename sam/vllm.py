@@ -98,6 +98,10 @@ class SAMProposer:
         self.left_unneeded: list[int] = []  # ... of those, the ones whose responses no running request drafts from:
         # they wait for the next request's start (a step that prefills prompts) or a checkpoint
         self.ingested = np.zeros(64, dtype=np.int64)  # per drafter slot: tokens its automaton holds (prompt included)
+        self.started = 0  # requests started so far; each one's ordinal (per slot: ordinal) sets where its shadow
+        # drafts start in the rotation of its candidates (scored), so that a resumed run, whose requests get other
+        # slots, rotates as an uninterrupted one does
+        self.ordinal = np.zeros(64, dtype=np.int64)
         self._rows: list | None = None  # the request id of each row at the last step, if its rows all had drafters
         # (None otherwise): a step with the same rows starts and finishes nothing
         self._row_slots = np.zeros(0, dtype=np.int64)  # ... and their drafter slots
@@ -208,6 +212,7 @@ class SAMProposer:
             "acceptance": self.acceptance.state_dict(),
             "token_cost": self._token_cost,
             "steps": self.steps,  # the phase of the catch-up and exploring steps, which decide where the drafter works
+            "started": self.started,  # ... and of each request's rotation of candidates for its shadow drafts
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -222,6 +227,7 @@ class SAMProposer:
         self.acceptance.load_state_dict(state["acceptance"])
         self._token_cost = float(state.get("token_cost", 0.0))
         self.steps = int(state.get("steps", 0))
+        self.started = int(state.get("started", 0))
 
     def request_text(self, request_id: str) -> np.ndarray:
         """Prompt + verified tokens of a tracked request as of the last step its drafter worked (every step without
@@ -297,8 +303,12 @@ class SAMProposer:
                 slot = slots[r] = slot_of[req_ids[r]] = self.drafter.start(prompt, prompt_key(prompt))
                 self.state_of[slot] = self.runner.requests[req_ids[r]]
                 if slot >= self.ingested.size:
-                    self.ingested = np.concatenate([self.ingested, np.zeros(slot + 1, dtype=np.int64)])
+                    self.ingested, self.ordinal = (
+                        np.concatenate([a, np.zeros(slot + 1, dtype=np.int64)]) for a in (self.ingested, self.ordinal)
+                    )
                 self.ingested[slot] = before
+                self.ordinal[slot] = self.started
+                self.started += 1
         return np.array(slots, dtype=np.int64), len(new)
 
     def _time_step(self, now: float, rows: int, prefilled: int) -> None:
@@ -422,7 +432,7 @@ class SAMProposer:
         if idle:
             self.shadows.turns(slots, ks, self.steps)
         # each request's shadow is its candidates in turn (BatchDrafter.explored)
-        explore_from = (slots + self.steps) % (1 + self.drafter.CORPORA) if scored is not None else None
+        explore_from = (self.ordinal[slots] + self.steps) % (1 + self.drafter.CORPORA) if scored is not None else None
         drafts, lengths, group, mlen, level = self.drafter.step_arrays(
             slots, tokens, offsets, ks, scored, self._token_cost, explore_from, store_global
         )

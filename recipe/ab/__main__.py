@@ -23,12 +23,13 @@ shared machine fall on every mode alike instead of on whichever mode ran during 
   timeline (active requests and tokens/s over time) for spec off against SAM.
 
 Modes (:data:`recipe.ab.runner.MODES`): ``off``, ``ngram``, ``suffix``, ``sam`` (the recipe's default drafter:
-own text, siblings and earlier epochs), ``sam_own`` (own text only), ``sam_every`` (the default without the payoff
-rule: every draft the match rules give), ``sam_eager`` (the default with ``spec.sam.defer_idle=false``: its drafter
-works on every step where nothing can pay), ``sam_scored`` (``spec.sam.scored=true spec.sam.global_sharing=true``:
-each request's source picked by the learned chances, every prompt's responses a source too), ``mtp_frozen``,
-``mtp_online``. The A/Bs
-committed before 2026-11-25 named the default ``sam_group`` and own-text-only ``sam``.
+own text, siblings, earlier epochs and every prompt's responses, each request's source picked by the learned
+chances), ``sam_own`` (own text only), ``sam_every`` (the default without the payoff rule: every draft the match
+rules give), ``sam_eager`` (the default with ``spec.sam.defer_idle=false``: its drafter works on every step where
+nothing can pay), ``sam_longest`` (``spec.sam.scored=false spec.sam.global_sharing=false``: the longest match, the
+default until 2026-11-28), ``mtp_frozen``, ``mtp_online``. The A/Bs committed before 2026-11-25 named the default
+``sam_group`` and own-text-only ``sam``; those of 2026-11-28 name scored drafting ``sam_scored`` and the longest
+match ``sam``.
 
 The report reads what each run logged (its ``metrics.jsonl`` and rollout timelines); it computes no metric the
 run already has.

@@ -23,12 +23,13 @@ MODES: dict[str, list[str]] = {  # mode name -> the Hydra overrides that select 
     "off": ["spec=off"],
     "ngram": ["spec=ngram"],  # vLLM's n-gram drafter
     "suffix": ["spec=suffix"],  # Arctic Inference's suffix decoding, as vLLM ships it
-    "sam": ["spec=sam"],  # the recipe's default drafter (configs/spec/sam.yaml: own text, siblings, earlier epochs)
+    "sam": ["spec=sam"],  # the recipe's default drafter (configs/spec/sam.yaml: own text, siblings, earlier epochs,
+    # every prompt's responses; each request's source picked by the payoff rule's learned chances by evidence level)
     "sam_own": ["spec=sam", "spec.sam.group_sharing=false", "spec.sam.cross_epoch=false"],  # own text only
     "sam_every": ["spec=sam", "spec.sam.payoff=false"],  # the default without the payoff rule: every draft it finds
     "sam_eager": ["spec=sam", "spec.sam.defer_idle=false"],  # the default working every step where nothing can pay
-    # sources picked by the payoff rule's learned chances by evidence level, every prompt's responses a source too
-    "sam_scored": ["spec=sam", "spec.sam.scored=true", "spec.sam.global_sharing=true"],
+    # the default before 2026-11-28's seventh session: the longest match, no corpus of every prompt's responses
+    "sam_longest": ["spec=sam", "spec.sam.scored=false", "spec.sam.global_sharing=false"],
     "mtp_frozen": ["spec=mtp", "spec.mtp.train=frozen"],
     "mtp_online": ["spec=mtp", "spec.mtp.train=online"],
 }

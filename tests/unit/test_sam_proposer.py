@@ -28,12 +28,13 @@ def draft_length(opts: SAMOptions, match_length: int) -> int:
 
 
 def make_proposer(k_by_batch: list | None = None, **sam_options) -> SAMProposer:
-    """A proposer drafting what the match rules give (payoff off unless asked: tests/unit/test_sam_payoff.py)."""
+    """A proposer drafting what the match rules give (payoff off unless asked: tests/unit/test_sam_payoff.py; the
+    corpus of every prompt's responses too: the tests of group material count its automata and finishing order)."""
     cfg = SimpleNamespace(
         speculative_config=SimpleNamespace(num_speculative_tokens=K, num_speculative_tokens_per_batch_size=k_by_batch),
         model_config=SimpleNamespace(max_model_len=4096),
         scheduler_config=SimpleNamespace(max_num_seqs=256),
-        additional_config={"sam": {"payoff": False, **sam_options}},
+        additional_config={"sam": {"payoff": False, "global_sharing": False, **sam_options}},
     )
     return SAMProposer(cfg)
 
@@ -302,10 +303,18 @@ def test_a_new_request_drafts_its_siblings_opening_from_its_first_step_and_after
         assert len(first) >= 2 and first == answer[1 : 1 + len(first)]
 
 
-def test_a_checkpoint_between_rollouts_resumes_the_drafts_of_an_uninterrupted_run():
+SCORED_PINNED = {  # the default drafter with a pinned step cost: drafting then depends on the tokens alone
+    "payoff": True, "payoff_cost": [0.05, 0.001, 0.0002, 0.0, 0.0002], "scored": True, "global_sharing": True,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("drafting", [{}, SCORED_PINNED], ids=["longest_match", "scored"])
+def test_a_checkpoint_between_rollouts_resumes_the_drafts_of_an_uninterrupted_run(drafting):
     """vLLM reports a finish only through the next step's rows, so a rollout's last requests are still tracked
-    when the trainer checkpoints between rollouts; their responses must be in the checkpoint all the same."""
-    opts = {"batch_threshold": 100, "min_match": 2, "group_sharing": True, "cross_epoch": True}
+    when the trainer checkpoints between rollouts; their responses must be in the checkpoint all the same. Scored, the
+    resumed requests get other drafter slots than the uninterrupted ones, and their shadow drafts must still rotate
+    through their candidates alike (what the payoff rule learns from)."""
+    opts = {"batch_threshold": 100, "min_match": 2, "group_sharing": True, "cross_epoch": True, **drafting}
     rollout = random_requests(np.random.default_rng(3), 6, prompts=2)
     next_epoch = {f"again_{rid}": request for rid, request in rollout.items()}  # the same prompts again
     uninterrupted, checkpointed = make_proposer(**opts), make_proposer(**opts)
