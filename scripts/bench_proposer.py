@@ -291,15 +291,16 @@ def fresh_processes(args: argparse.Namespace, options: dict) -> None:
     runs: dict[str, list[dict]] = {"cold": [], "warm": []}
     for _ in range(args.fresh):
         for mode in runs:
-            command = [sys.executable, __file__, "--child", mode, "--prompts", str(args.prompts), "--n", str(args.n)]
-            command += ["--epochs", str(args.epochs), "--min-rows", str(args.min_rows)]
+            command = [sys.executable, __file__, "--child", mode, "--model", args.model, "--prompts", str(args.prompts)]
+            command += ["--n", str(args.n), "--epochs", str(args.epochs), "--min-rows", str(args.min_rows)]
             command += [f"--sam-option={k}={v}" for k, v in options.items()]
             out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
             runs[mode].append(json.loads(out.strip().splitlines()[-1]))
             print(mode, runs[mode][-1]["first_epoch_s"], runs[mode][-1]["load_model_s"], flush=True)
     command = (
-        f".venv/bin/python scripts/bench_proposer.py --fresh {args.fresh} --prompts {args.prompts} --n {args.n} "
-        f"--epochs {args.epochs}" + "".join(f" --sam-option {k}={v}" for k, v in options.items())
+        f".venv/bin/python scripts/bench_proposer.py --fresh {args.fresh} --model {args.model} "
+        f"--prompts {args.prompts} --n {args.n} --epochs {args.epochs}"
+        + "".join(f" --sam-option {k}={v}" for k, v in options.items())
     )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -4,7 +4,10 @@ still unfinished) and resumed. The request ids come from the model runner, as in
 in row order and ``requests`` holding every unfinished request's state (its ``output_token_ids`` as vLLM's
 ``CachedRequestState`` keeps them)."""
 
+import json
 import math
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import numpy as np
@@ -667,13 +670,10 @@ print(json.dumps({
 """
 
 
-@pytest.mark.parametrize("options", [{}, {"scored": True, "global_sharing": True}])
+@pytest.mark.parametrize("options", [{}, {"scored": False, "global_sharing": False}], ids=["default", "longest_match"])
 def test_load_model_runs_every_compiled_kernel_of_a_step_on_a_twin_and_leaves_the_proposer_untouched(options):
     """vLLM calls load_model at engine start: a fresh process's first kernel calls (numba's cache loads, typed-list
     access compiled) happen there, not in the first rollout; checked in a fresh interpreter, where nothing is warm."""
-    import json
-    import subprocess
-    import sys
 
     def run(mode: str) -> dict:
         out = subprocess.run(
