@@ -92,10 +92,11 @@ class AcceptanceModel:
         pessimistic prior), at the prior's weight: a level seen rarely starts where its band is, not at the prior.
         Twenty levels per band at the prior cut most drafts until each was learned, which cost scored drafting a
         tenth of its tokens per request-step on the embedded task (results/real/README.md)."""
-        if not self.levels:
-            return self.accepted / self.reached
         if self._table_at != self.observed:  # every count change settles a draft, which ``observed`` counts
-            _shrunk_chances(self.accepted, self.reached, *self.prior, self._table)
+            if self.levels:
+                _shrunk_chances(self.accepted, self.reached, *self.prior, self._table)
+            else:
+                np.divide(self.accepted, self.reached, out=self._table)
             self._table_at = self.observed
         return self._table
 

@@ -77,6 +77,23 @@ def _catch_up(token_ids, num_tokens, slots, ingested, max_len, k, k_by_batch, ba
     return tokens, live
 
 
+def standalone_config(
+    k: int = 4,
+    sam: dict | None = None,
+    max_model_len: int = 4096,
+    max_num_seqs: int = 256,
+    k_by_batch: list | None = None,
+) -> SimpleNamespace:
+    """The parts of vLLM's ``VllmConfig`` that :class:`SAMProposer` reads (K, ``num_speculative_tokens_per_batch_size``,
+    model length, batch capacity, SAM's options), for driving a proposer outside an engine: tests and benchmarks."""
+    return SimpleNamespace(
+        speculative_config=SimpleNamespace(num_speculative_tokens=k, num_speculative_tokens_per_batch_size=k_by_batch),
+        model_config=SimpleNamespace(max_model_len=max_model_len),
+        scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs),
+        additional_config={"sam": dict(sam or {})},
+    )
+
+
 class SAMProposer:
     """Model-free drafter for vLLM's ``custom_class`` speculative method."""
 
@@ -162,9 +179,10 @@ class SAMProposer:
         now = [0.0]
         twin.clock = lambda: now[0]
         rng = np.random.default_rng(0)
-        texts = [rng.integers(0, 32, 16, dtype=np.int32) for _ in range(prompts)]
+        prompt_len = 16
+        texts = [rng.integers(0, 32, prompt_len, dtype=np.int32) for _ in range(prompts)]
         phrase = rng.integers(0, 32, 8)
-        max_len = min(self.max_model_len, 16 + steps + 1)
+        steps = min(steps, self.max_model_len - prompt_len - 1)  # a step's token and room to draft after it
         for epoch in range(2):  # the second drafts from the first one's histories
             if epoch:
                 twin.step_cost = PinnedStepCost([0.01, 0.001, 1e-5, 0.0, 0.0])
@@ -172,10 +190,10 @@ class SAMProposer:
             states = {rid: SimpleNamespace(output_token_ids=[]) for rid in ids}
             runner = SimpleNamespace(input_batch=SimpleNamespace(req_ids=ids), requests=states)
             twin.attach_runner(runner)
-            token_ids = np.zeros((len(ids), max_len), dtype=np.int32)
-            token_ids[:, :16] = np.repeat(texts, n, axis=0)
-            num_tokens = np.full(len(ids), 16, dtype=np.int64)
-            for step in range(max_len - 17):
+            token_ids = np.zeros((len(ids), prompt_len + steps), dtype=np.int32)
+            token_ids[:, :prompt_len] = np.repeat(texts, n, axis=0)
+            num_tokens = np.full(len(ids), prompt_len, dtype=np.int64)
+            for step in range(steps):
                 sampled = phrase[(step + np.arange(len(ids))) % phrase.size].tolist()  # a repeated phrase: drafts hit
                 token_ids[np.arange(len(ids)), num_tokens] = sampled
                 num_tokens += 1

@@ -58,17 +58,10 @@ def proposer(k: int, max_len: int, rows: int, defer_idle: bool, options: dict):
     from omegaconf import OmegaConf
 
     from recipe.dapo.config import spec_group
-    from sam.vllm import SAMProposer
+    from sam.vllm import SAMProposer, standalone_config
 
-    cfg = SimpleNamespace(
-        speculative_config=SimpleNamespace(num_speculative_tokens=k, num_speculative_tokens_per_batch_size=None),
-        model_config=SimpleNamespace(max_model_len=max_len),
-        scheduler_config=SimpleNamespace(max_num_seqs=max(rows, 256)),
-        additional_config={
-            "sam": {**OmegaConf.to_container(spec_group("sam").sam), **options, "defer_idle": defer_idle}
-        },
-    )
-    return SAMProposer(cfg)
+    sam = {**OmegaConf.to_container(spec_group("sam").sam), **options, "defer_idle": defer_idle}
+    return SAMProposer(standalone_config(k, sam, max_model_len=max_len, max_num_seqs=max(rows, 256)))
 
 
 PARTS = {  # the proposer's parts timed by --parts: label -> (attribute path on the proposer, method)
@@ -179,9 +172,10 @@ def drive(
                 deferred.append(sam.deferred_steps > before)
                 for label, part in part_times.items():
                     part.append(spent.get(label, 0.0))
-    result = {
-        "first_epoch_s": first_epoch_s,
-        "load_model_s": load_model_s,
+    result = {"first_epoch_s": first_epoch_s, "load_model_s": load_model_s}
+    if not times:  # one epoch (--fresh): no step of a later epoch to time
+        return result
+    result |= {
         "median_ms": 1000 * float(np.median(times)),
         "mean_ms": 1000 * float(np.mean(times)),
         "steps": len(times),
@@ -285,22 +279,21 @@ def main() -> None:
 
 def fresh_processes(args: argparse.Namespace, options: dict) -> None:
     """``--fresh``: pairs of fresh processes (one without load_model, one with, in turn), each driving the proposer
-    back to back over ``--epochs`` of the cached rollouts; the first epoch's proposer seconds and load_model's."""
+    back to back over one epoch of the cached rollouts; its proposer seconds and load_model's."""
     import subprocess
 
     runs: dict[str, list[dict]] = {"cold": [], "warm": []}
     for _ in range(args.fresh):
         for mode in runs:
             command = [sys.executable, __file__, "--child", mode, "--model", args.model, "--prompts", str(args.prompts)]
-            command += ["--n", str(args.n), "--epochs", str(args.epochs), "--min-rows", str(args.min_rows)]
+            command += ["--n", str(args.n), "--epochs", "1"]  # only the first epoch is read
             command += [f"--sam-option={k}={v}" for k, v in options.items()]
             out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
             runs[mode].append(json.loads(out.strip().splitlines()[-1]))
             print(mode, runs[mode][-1]["first_epoch_s"], runs[mode][-1]["load_model_s"], flush=True)
     command = (
         f".venv/bin/python scripts/bench_proposer.py --fresh {args.fresh} --model {args.model} "
-        f"--prompts {args.prompts} --n {args.n} --epochs {args.epochs}"
-        + "".join(f" --sam-option {k}={v}" for k, v in options.items())
+        f"--prompts {args.prompts} --n {args.n}" + "".join(f" --sam-option {k}={v}" for k, v in options.items())
     )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -18,7 +18,7 @@ from sam.cells import EVERY_PROMPT, LEVELS
 from sam.keys import prompt_key
 from sam.payoff import CATCH_UP_EVERY, EXPLORE_EVERY, PinnedStepCost
 from sam.policy import BatchDrafter, GlobalCorpus, GroupStore, ResponseCorpus, SAMOptions, stored_tokens
-from sam.vllm import SAMProposer
+from sam.vllm import SAMProposer, standalone_config
 
 K = 4
 
@@ -33,13 +33,9 @@ def draft_length(opts: SAMOptions, match_length: int) -> int:
 def make_proposer(k_by_batch: list | None = None, **sam_options) -> SAMProposer:
     """A proposer drafting what the match rules give (payoff off unless asked: tests/unit/test_sam_payoff.py; the
     corpus of every prompt's responses too: the tests of group material count its automata and finishing order)."""
-    cfg = SimpleNamespace(
-        speculative_config=SimpleNamespace(num_speculative_tokens=K, num_speculative_tokens_per_batch_size=k_by_batch),
-        model_config=SimpleNamespace(max_model_len=4096),
-        scheduler_config=SimpleNamespace(max_num_seqs=256),
-        additional_config={"sam": {"payoff": False, "global_sharing": False, **sam_options}},
+    return SAMProposer(
+        standalone_config(K, {"payoff": False, "global_sharing": False, **sam_options}, k_by_batch=k_by_batch)
     )
-    return SAMProposer(cfg)
 
 
 class Driver:
@@ -645,15 +641,8 @@ def test_a_drafter_whose_payoff_cut_sent_nothing_works_on_one_step_in_four_until
 
 WARM_CHECK = """
 import json, sys
-from types import SimpleNamespace
 import sam.automaton, sam.payoff, sam.policy, sam.vllm
-cfg = SimpleNamespace(
-    speculative_config=SimpleNamespace(num_speculative_tokens=4, num_speculative_tokens_per_batch_size=None),
-    model_config=SimpleNamespace(max_model_len=4096),
-    scheduler_config=SimpleNamespace(max_num_seqs=256),
-    additional_config={"sam": json.loads(sys.argv[1])},
-)
-proposer = sam.vllm.SAMProposer(cfg)
+proposer = sam.vllm.SAMProposer(sam.vllm.standalone_config(4, json.loads(sys.argv[1])))
 if sys.argv[2] == "load":
     proposer.load_model(None)
 entry = [(sam.automaton, "_step_rows"), (sam.automaton, "_extend"), (sam.automaton, "_count"),
