@@ -18,7 +18,8 @@ responses too, ``/e1`` sources picked by the learned chances (``scored``); defau
 ``noop`` is vLLM's speculative path with a proposer that never drafts: the cost of the path itself. A name may end in
 ``#<tag>`` (``off,off#2``): a second engine of the same mode, the A/A control for what an engine instance alone changes.
 Each rollout's summary goes to ``rollouts.jsonl``; the report ends with the rollouts a mode and a spec-off engine
-sampled alike (``same_token_pairs``), which ``--pairs-from`` rebuilds from that file or from a run's printed lines.
+sampled alike (``same_token_pairs``) and the drafting modes against each other repeat by repeat (``rival_pairs``),
+which ``--pairs-from`` rebuilds from that file or from a run's printed lines.
 
     .venv/bin/python scripts/bench_rollout.py [--prompts 16 --n 8 --modes off,sam+group+epoch@256/k4/t1]
     .venv/bin/python scripts/bench_rollout.py --model smollm2-135m-instruct --modes off,suffix,sam+group+epoch
@@ -222,12 +223,21 @@ def band_key(lo: int, hi: int) -> str:
 
 
 def rollout_band_speeds(timeline) -> dict[str, float]:
-    """One rollout's tokens/s per active request in each band (:func:`band_key`; NaN without a step there): what
-    :func:`same_token_band_pairs` compares."""
+    """One rollout's tokens/s per active request in each band (:func:`band_key`; NaN without a step there), what
+    :func:`same_token_band_pairs` compares, and its share of the rollout's time in each (:func:`share_key`), what
+    :func:`rival_pairs` weighs them by."""
     from recipe.dapo.timeline import ACTIVE_BANDS, speed_by_active_requests
 
     bands = speed_by_active_requests([timeline])
-    return {band_key(*lohi): float(b["request_tok_s"]) for lohi, b in zip(ACTIVE_BANDS, bands, strict=True)}
+    out = {}
+    for lohi, band in zip(ACTIVE_BANDS, bands, strict=True):
+        out[band_key(*lohi)] = float(band["request_tok_s"])
+        out[share_key(*lohi)] = float(band["time_share"])
+    return out
+
+
+def share_key(lo: int, hi: int) -> str:
+    return band_key(lo, hi).replace("tok_s_active", "time_share_active")
 
 
 def drafter_ms(before: np.ndarray | None, after: np.ndarray | None) -> dict[str, float]:
@@ -385,6 +395,55 @@ def same_token_band_pairs(runs: dict[str, list[dict | None]], offs: list[str]) -
     return lines + intervals
 
 
+def rival_pairs(runs: dict[str, list[dict | None]]) -> list[str]:
+    """Markdown: each drafting mode against each drafting mode after it (say, the default against vLLM suffix), one
+    ratio per repeat (the two rollouts drew from one sampler seed, but drafts change which tokens they sample, so
+    these are not the same work): tokens/s of the whole rollout, of its long tail, and the whole rollout at the later
+    mode's mix of batch sizes (each band's tokens/s per active request weighed by the later mode's time in the band,
+    as recipe.dapo.timeline.equal_work_vs_off does at spec off's), their geometric mean and 95% interval over the
+    repeats (a repeat without a value, e.g. a rollout logged without its bands' time shares, is left out)."""
+    from recipe.dapo.timeline import ACTIVE_BANDS
+
+    modes = [name for name in runs if name.partition("#")[0] != "off"]
+
+    def equal_work(mode: dict, rival: dict) -> float:
+        time = 0.0
+        for lohi in ACTIVE_BANDS:
+            share = rival.get(share_key(*lohi), math.nan)
+            if share != share:
+                return math.nan
+            if share > 0:
+                time += share * rival[band_key(*lohi)] / mode[band_key(*lohi)]  # NaN where the mode has no step
+        return 1.0 / time if time > 0 else math.nan
+
+    measures = {
+        "tokens/s": lambda m, r: m["throughput_tok_s"] / r["throughput_tok_s"],
+        "long-tail tokens/s": lambda m, r: m["tail_throughput_tok_s"] / r["tail_throughput_tok_s"],
+        "at the rival's batch sizes": equal_work,
+    }
+    lines = []
+    for i, name in enumerate(modes):
+        for rival in modes[i + 1 :]:
+            pairs = [(m, r) for m, r in zip(runs[name], runs[rival], strict=False) if m is not None and r is not None]
+            cells = []
+            for measure in measures.values():
+                values = [v for v in (measure(m, r) for m, r in pairs) if v > 0]  # NaN compares False
+                cells.append(f"{_interval(values)} ({len(values)})" if values else "-")
+            lines.append(f"| {name} | {rival} | " + " | ".join(cells) + " |")
+    if not lines:
+        return []
+    head = [
+        "",
+        "Drafting modes against each other, one ratio per repeat (both rollouts from the repeat's sampler seed; their "
+        "tokens differ), geometric mean and 95% interval (repeats in parentheses); the last column weighs each band's "
+        "tokens/s per active request by the rival's time in the band:",
+        "",
+        "| mode | rival | " + " | ".join(measures) + " |",
+        "|---|---|" + "---|" * len(measures),
+    ]
+    return head + lines
+
+
 def read_rollouts(paths: list[Path]) -> dict[str, list[dict | None]]:
     """Per mode, its rollouts' summaries in repeat order, from ``rollouts.jsonl`` files or runs' printed
     ``<repeat> <mode> {summary}`` lines. Several runs are pooled one after the other, their repeats renumbered; a mode
@@ -470,7 +529,8 @@ def main() -> None:
         type=Path,
         nargs="+",
         default=None,
-        help="only rebuild the same-token pairs (into <out>/same_token_pairs.md) from rollouts.jsonl files or runs' "
+        help="only rebuild the same-token pairs and the modes against each other (into <out>/same_token_pairs.md) "
+        "from rollouts.jsonl files or runs' "
         "logs (several: pooled, repeats renumbered)",
     )
     args = parser.parse_args()
@@ -486,7 +546,7 @@ def main() -> None:
                 if s is not None
             )
         sources = ", ".join(str(path) for path in args.pairs_from)
-        lines = [f"# Same-token pairs, rebuilt from {sources}", *same_token_pairs(runs)]
+        lines = [f"# Same-token pairs, rebuilt from {sources}", *same_token_pairs(runs), *rival_pairs(runs)]
         (out / "same_token_pairs.md").write_text("\n".join(lines) + "\n")
         print("\n".join(lines))
         return
@@ -612,6 +672,7 @@ def main() -> None:
         )
     lines += by_active_requests_table(bands)
     lines += same_token_pairs(runs)
+    lines += rival_pairs(runs)
     lines += drafter_ms_table(runs)
     (out / "rollout_e2e.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -155,3 +155,41 @@ def test_drafter_ms_splits_the_proposers_time_by_band_of_scheduled_rows() -> Non
     runs = {"off": [bench_rollout.drafter_ms(None, None)], "sam": [ms, {**ms, "drafter_ms_5_8": 2.0}]}
     rows = [line for line in bench_rollout.drafter_ms_table(runs) if line.startswith("| sam")]
     assert rows == ["| sam | - | 1.000 | 3.000 | - | - | 0.500 |"]  # off has no row; the 5-8 band's median
+
+
+def test_rival_pairs_compare_drafting_modes_repeat_by_repeat_and_at_the_rivals_batch_sizes() -> None:
+    """Each drafting mode against each one after it (spec-off engines take no part), one ratio per repeat; the
+    equal-work column weighs the bands by the rival's own time there, and a repeat logged without time shares or
+    without a tail leaves only its own cells out."""
+    nan = float("nan")
+    bands = ((1, 1), (2, 4), (5, 8), (9, 16), (17, 48), (49, 1 << 30))
+
+    def rollout(tok_s: float, tail: float, speeds: list[float] | None, shares: list[float] | None) -> dict:
+        out = {"throughput_tok_s": tok_s, "tail_throughput_tok_s": tail}
+        if speeds is not None:
+            out.update({bench_rollout.band_key(*lohi): v for lohi, v in zip(bands, speeds, strict=True)})
+        if shares is not None:
+            out.update({bench_rollout.share_key(*lohi): v for lohi, v in zip(bands, shares, strict=True)})
+        return out
+
+    rival_shares = [0.25, 0.75, 0, 0, 0, 0]
+    runs = {
+        "off": [rollout(1.0, 1.0, None, None)] * 3,
+        "sam": [
+            rollout(12.0, 6.0, [20, 10, nan, nan, nan, nan], None),
+            rollout(11.0, nan, [20, 10, nan, nan, nan, nan], None),
+            None,  # a repeat this mode did not run
+        ],
+        "suffix": [
+            rollout(10.0, 5.0, [10, 10, 30, nan, nan, nan], rival_shares),
+            rollout(10.0, 4.0, [10, 10, 30, nan, nan, nan], None),  # logged before rollouts kept their shares
+            rollout(9.0, 3.0, [10, 10, 30, nan, nan, nan], rival_shares),
+        ],
+    }
+    rows = [line for line in bench_rollout.rival_pairs(runs) if line.startswith("| ") and "---" not in line]
+    assert rows[0].startswith("| mode | rival | tokens/s |")
+    # repeat 0: 12/10, tail 6/5, at suffix's mix 1 / (0.25 * 10/20 + 0.75 * 10/10) = 1 / 0.875; repeat 1: 11/10,
+    # no tail, suffix without shares
+    whole = f"{math.sqrt(1.2 * 1.1):.3f}x [{_bounds([1.2, 1.1])}] (2)"
+    assert rows[1:] == [f"| sam | suffix | {whole} | 1.200x (1) | {1 / 0.875:.3f}x (1) |"]
+    assert bench_rollout.rival_pairs({"off": runs["off"], "sam": runs["sam"]}) == []  # no rival
