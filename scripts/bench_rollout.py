@@ -398,45 +398,55 @@ def same_token_band_pairs(runs: dict[str, list[dict | None]], offs: list[str]) -
 def rival_pairs(runs: dict[str, list[dict | None]]) -> list[str]:
     """Markdown: each drafting mode against each drafting mode after it (say, the default against vLLM suffix), one
     ratio per repeat (the two rollouts drew from one sampler seed, but drafts change which tokens they sample, so
-    these are not the same work): tokens/s of the whole rollout, of its long tail, and the whole rollout at the later
-    mode's mix of batch sizes (each band's tokens/s per active request weighed by the later mode's time in the band,
-    as recipe.dapo.timeline.equal_work_vs_off does at spec off's), their geometric mean and 95% interval over the
-    repeats (a repeat without a value, e.g. a rollout logged without its bands' time shares, is left out)."""
+    these are not the same work): tokens/s of the whole rollout, of its long tail, and at equal work: each band's
+    tokens/s per active request weighed by the time the repeat's spec-off rollout spent in the band (the rival's
+    without a spec-off engine), as recipe.dapo.timeline.equal_work_vs_off weighs the pooled bands. Bands where
+    either mode had no step are left out of that weighing (a tail request alone is a coin toss per seed), a repeat
+    with less than half its weight left is left out, as is one logged without the bands' time shares; then their
+    geometric mean and 95% interval over the repeats."""
     from recipe.dapo.timeline import ACTIVE_BANDS
 
-    modes = [name for name in runs if name.partition("#")[0] != "off"]
+    offs = [name for name in runs if name.partition("#")[0] == "off"]
+    modes = [name for name in runs if name not in offs]
 
-    def equal_work(mode: dict, rival: dict) -> float:
-        time = 0.0
+    def equal_work(mode: dict, rival: dict, weights: dict | None) -> float:
+        time = covered = 0.0
         for lohi in ACTIVE_BANDS:
-            share = rival.get(share_key(*lohi), math.nan)
-            if share != share:
-                return math.nan
-            if share > 0:
-                time += share * rival[band_key(*lohi)] / mode[band_key(*lohi)]  # NaN where the mode has no step
-        return 1.0 / time if time > 0 else math.nan
+            share = (weights or rival).get(share_key(*lohi), math.nan)
+            speed_ratio = mode[band_key(*lohi)] / rival[band_key(*lohi)]
+            if share > 0 and speed_ratio > 0:  # NaN compares False: no share logged, or no step in the band
+                time += share / speed_ratio
+                covered += share
+        return covered / time if covered >= 0.5 else math.nan
 
     measures = {
-        "tokens/s": lambda m, r: m["throughput_tok_s"] / r["throughput_tok_s"],
-        "long-tail tokens/s": lambda m, r: m["tail_throughput_tok_s"] / r["tail_throughput_tok_s"],
-        "at the rival's batch sizes": equal_work,
+        "tokens/s": lambda m, r, w: m["throughput_tok_s"] / r["throughput_tok_s"],
+        "long-tail tokens/s": lambda m, r, w: m["tail_throughput_tok_s"] / r["tail_throughput_tok_s"],
+        "at equal work": equal_work,
     }
     lines = []
     for i, name in enumerate(modes):
         for rival in modes[i + 1 :]:
-            pairs = [(m, r) for m, r in zip(runs[name], runs[rival], strict=False) if m is not None and r is not None]
+            weights = runs[offs[0]] if offs else [None] * len(runs[rival])
+            triples = [
+                (m, r, w)
+                for m, r, w in zip(runs[name], runs[rival], weights, strict=False)
+                if m is not None and r is not None and (w is not None or not offs)
+            ]
             cells = []
             for measure in measures.values():
-                values = [v for v in (measure(m, r) for m, r in pairs) if v > 0]  # NaN compares False
+                values = [v for v in (measure(*triple) for triple in triples) if v > 0]  # NaN compares False
                 cells.append(f"{_interval(values)} ({len(values)})" if values else "-")
             lines.append(f"| {name} | {rival} | " + " | ".join(cells) + " |")
     if not lines:
         return []
+    reference = f"{offs[0]}'s" if offs else "the rival's"
     head = [
         "",
         "Drafting modes against each other, one ratio per repeat (both rollouts from the repeat's sampler seed; their "
-        "tokens differ), geometric mean and 95% interval (repeats in parentheses); the last column weighs each band's "
-        "tokens/s per active request by the rival's time in the band:",
+        "tokens differ), geometric mean and 95% interval (repeats in parentheses); equal work weighs each band's "
+        f"tokens/s per active request by {reference} time in the band that repeat, over the bands both modes had "
+        "steps in:",
         "",
         "| mode | rival | " + " | ".join(measures) + " |",
         "|---|---|" + "---|" * len(measures),

@@ -157,39 +157,49 @@ def test_drafter_ms_splits_the_proposers_time_by_band_of_scheduled_rows() -> Non
     assert rows == ["| sam | - | 1.000 | 3.000 | - | - | 0.500 |"]  # off has no row; the 5-8 band's median
 
 
-def test_rival_pairs_compare_drafting_modes_repeat_by_repeat_and_at_the_rivals_batch_sizes() -> None:
-    """Each drafting mode against each one after it (spec-off engines take no part), one ratio per repeat; the
-    equal-work column weighs the bands by the rival's own time there, and a repeat logged without time shares or
-    without a tail leaves only its own cells out."""
+def test_rival_pairs_compare_drafting_modes_repeat_by_repeat_at_spec_offs_batch_sizes() -> None:
+    """Each drafting mode against each one after it (spec-off engines take no part but as the weights), one ratio per
+    repeat; equal work weighs the bands by that repeat's spec-off time in them, over the bands both modes had steps
+    in, and leaves out a repeat with under half its weight left or logged without time shares."""
     nan = float("nan")
     bands = ((1, 1), (2, 4), (5, 8), (9, 16), (17, 48), (49, 1 << 30))
 
-    def rollout(tok_s: float, tail: float, speeds: list[float] | None, shares: list[float] | None) -> dict:
+    def rollout(tok_s: float, tail: float, speeds: list[float], shares: list[float] | None = None) -> dict:
         out = {"throughput_tok_s": tok_s, "tail_throughput_tok_s": tail}
-        if speeds is not None:
-            out.update({bench_rollout.band_key(*lohi): v for lohi, v in zip(bands, speeds, strict=True)})
+        out.update({bench_rollout.band_key(*lohi): v for lohi, v in zip(bands, speeds, strict=True)})
         if shares is not None:
             out.update({bench_rollout.share_key(*lohi): v for lohi, v in zip(bands, shares, strict=True)})
         return out
 
-    rival_shares = [0.25, 0.75, 0, 0, 0, 0]
+    off = [0.25, 0.75, 0, 0, 0, 0]
     runs = {
-        "off": [rollout(1.0, 1.0, None, None)] * 3,
+        "off": [
+            rollout(1.0, 1.0, [nan] * 6, off),
+            rollout(1.0, 1.0, [nan] * 6, [0.6, 0.4, 0, 0, 0, 0]),
+            rollout(1.0, 1.0, [nan] * 6),  # logged before rollouts kept their shares
+            rollout(1.0, 1.0, [nan] * 6, off),
+        ],
         "sam": [
-            rollout(12.0, 6.0, [20, 10, nan, nan, nan, nan], None),
-            rollout(11.0, nan, [20, 10, nan, nan, nan, nan], None),
+            rollout(12.0, 6.0, [20, 10, nan, nan, nan, nan]),
+            rollout(11.0, nan, [nan, 10, nan, nan, nan, nan]),
+            rollout(10.0, 5.0, [20, 10, nan, nan, nan, nan]),
             None,  # a repeat this mode did not run
         ],
-        "suffix": [
-            rollout(10.0, 5.0, [10, 10, 30, nan, nan, nan], rival_shares),
-            rollout(10.0, 4.0, [10, 10, 30, nan, nan, nan], None),  # logged before rollouts kept their shares
-            rollout(9.0, 3.0, [10, 10, 30, nan, nan, nan], rival_shares),
-        ],
+        "suffix": [rollout(10.0, 5.0, [10, 10, 30, nan, nan, nan], [0.9, 0.1, 0, 0, 0, 0])] * 4,
     }
     rows = [line for line in bench_rollout.rival_pairs(runs) if line.startswith("| ") and "---" not in line]
     assert rows[0].startswith("| mode | rival | tokens/s |")
-    # repeat 0: 12/10, tail 6/5, at suffix's mix 1 / (0.25 * 10/20 + 0.75 * 10/10) = 1 / 0.875; repeat 1: 11/10,
-    # no tail, suffix without shares
-    whole = f"{math.sqrt(1.2 * 1.1):.3f}x [{_bounds([1.2, 1.1])}] (2)"
-    assert rows[1:] == [f"| sam | suffix | {whole} | 1.200x (1) | {1 / 0.875:.3f}x (1) |"]
+    # repeat 0 at off's mix (not suffix's): 1 / (0.25 * 10/20 + 0.75 * 10/10) = 1 / 0.875; repeat 1: sam had no
+    # step alone, 0.4 of the weight is left (no value); repeat 2: no shares; tails 6/5 and 5/5 (repeat 1 has none)
+    whole = f"{(1.2 * 1.1 * 1.0) ** (1 / 3):.3f}x [{_bounds([1.2, 1.1, 1.0])}] (3)"
+    tail = f"{math.sqrt(1.2):.3f}x [{_bounds([1.2, 1.0])}] (2)"
+    assert rows[1:] == [f"| sam | suffix | {whole} | {tail} | {1 / 0.875:.3f}x (1) |"]
+    runs["off"][1] = rollout(1.0, 1.0, [nan] * 6, [0.4, 0.6, 0, 0, 0, 0])  # 0.6 of the weight left: 10/10 there
+    assert bench_rollout.rival_pairs(runs)[-1].endswith(f" | {_interval_text([1 / 0.875, 1.0])} (2) |")
+    without_off = {name: runs[name] for name in ("sam", "suffix")}  # then the rival's own mix: 1 / (0.9/2 + 0.1)
+    assert bench_rollout.rival_pairs(without_off)[-1].split(" | ")[-1].startswith(f"{1 / 0.55:.3f}x")
     assert bench_rollout.rival_pairs({"off": runs["off"], "sam": runs["sam"]}) == []  # no rival
+
+
+def _interval_text(ratios: list[float]) -> str:
+    return f"{math.exp(np.mean(np.log(ratios))):.3f}x [{_bounds(ratios)}]"
