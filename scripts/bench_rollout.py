@@ -409,29 +409,34 @@ def rival_pairs(runs: dict[str, list[dict | None]]) -> list[str]:
     offs = [name for name in runs if name.partition("#")[0] == "off"]
     modes = [name for name in runs if name not in offs]
 
+    def get(summary: dict, key: str) -> float:
+        return summary.get(key, math.nan)  # NaN: a rollout logged before the key was
+
     def equal_work(mode: dict, rival: dict, weights: dict | None) -> float:
+        if weights is None:  # no spec-off rollout that repeat
+            return math.nan
         time = covered = 0.0
         for lohi in ACTIVE_BANDS:
-            share = (weights or rival).get(share_key(*lohi), math.nan)
-            speed_ratio = mode[band_key(*lohi)] / rival[band_key(*lohi)]
+            share = get(weights, share_key(*lohi))
+            speed_ratio = get(mode, band_key(*lohi)) / get(rival, band_key(*lohi))
             if share > 0 and speed_ratio > 0:  # NaN compares False: no share logged, or no step in the band
                 time += share / speed_ratio
                 covered += share
         return covered / time if covered >= 0.5 else math.nan
 
     measures = {
-        "tokens/s": lambda m, r, w: m["throughput_tok_s"] / r["throughput_tok_s"],
-        "long-tail tokens/s": lambda m, r, w: m["tail_throughput_tok_s"] / r["tail_throughput_tok_s"],
+        "tokens/s": lambda m, r, w: get(m, "throughput_tok_s") / get(r, "throughput_tok_s"),
+        "long-tail tokens/s": lambda m, r, w: get(m, "tail_throughput_tok_s") / get(r, "tail_throughput_tok_s"),
         "at equal work": equal_work,
     }
     lines = []
     for i, name in enumerate(modes):
         for rival in modes[i + 1 :]:
-            weights = runs[offs[0]] if offs else [None] * len(runs[rival])
+            weights = runs[offs[0]] if offs else runs[rival]
             triples = [
                 (m, r, w)
                 for m, r, w in zip(runs[name], runs[rival], weights, strict=False)
-                if m is not None and r is not None and (w is not None or not offs)
+                if m is not None and r is not None
             ]
             cells = []
             for measure in measures.values():

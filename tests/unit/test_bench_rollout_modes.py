@@ -199,6 +199,10 @@ def test_rival_pairs_compare_drafting_modes_repeat_by_repeat_at_spec_offs_batch_
     without_off = {name: runs[name] for name in ("sam", "suffix")}  # then the rival's own mix: 1 / (0.9/2 + 0.1)
     assert bench_rollout.rival_pairs(without_off)[-1].split(" | ")[-1].startswith(f"{1 / 0.55:.3f}x")
     assert bench_rollout.rival_pairs({"off": runs["off"], "sam": runs["sam"]}) == []  # no rival
+    runs["off"][0] = None  # no spec-off rollout in repeat 0: its tokens/s still count, its equal work cannot
+    assert bench_rollout.rival_pairs(runs)[-1].endswith(f" | {whole} | {tail} | 1.000x (1) |")
+    old_log = {name: [{"tokens": 10, "rollout_time_s": 1.0}] for name in ("off", "sam", "suffix")}
+    assert bench_rollout.rival_pairs(old_log)[-1] == "| sam | suffix | - | - | - |"  # logged without the keys
 
 
 def _interval_text(ratios: list[float]) -> str:
