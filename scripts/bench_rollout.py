@@ -529,6 +529,12 @@ def main() -> None:
     )
     parser.add_argument("--repeats", type=int, default=3, help="rollouts per mode (interleaved); medians reported")
     parser.add_argument(
+        "--seed",
+        type=int,
+        default=1000,
+        help="repeat r's sampler seed is seed + r (another seed: other rollouts to pool)",
+    )
+    parser.add_argument(
         "--model", default=None, help="a real model (built-in name, .gguf or HF dir); default: the embedded base model"
     )
     parser.add_argument("--max-tokens", type=int, default=None, help="response budget (default 768; real model 384)")
@@ -599,7 +605,7 @@ def main() -> None:
         names = list(engines)
         for name in names[rep % len(names) :] + names[: rep % len(names)]:
             engine = engines[name]
-            engine.reseed(1000 + rep)  # every mode's rollout of a repeat draws from the same sampler seed
+            engine.reseed(args.seed + rep)  # every mode's rollout of a repeat draws from the same sampler seed
             busy = engine.drafter_busy()
             result = engine.generate(prompts, args.n, sampling)
             s = result.timeline.summary(args.tail)
@@ -657,6 +663,7 @@ def main() -> None:
         f"Produced by `.venv/bin/python scripts/bench_rollout.py {model_arg}--max-tokens {max_tokens} "
         f"--prompts {args.prompts} --n {args.n} "
         f"--repeats {args.repeats} --tail {args.tail} --gate {gate} --modes {args.modes}"
+        f"{f' --seed {args.seed}' if args.seed != 1000 else ''}"
         f"{f' --dtype {args.dtype}' if args.dtype else ''}` (engines in {dtype}, temperature 1, long tail = "
         f"at most {args.tail} active requests, SAM drafts at most {gate} active requests unless a mode says @G, K, "
         "SAM options from configs/spec unless a mode says /<letter><value> (SAM_MODE_OPTIONS); every mode's engine alive at once, "
