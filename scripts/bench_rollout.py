@@ -292,6 +292,11 @@ def band_table_head(caption: str) -> list[str]:
             "|---|" + "---|" * len(ACTIVE_BANDS)]  # fmt: skip
 
 
+def spec_off_engines(runs: dict) -> list[str]:
+    """The spec-off engines of a run (``off``, ``off#<tag>``), in the run's order: the first is the reference."""
+    return [name for name in runs if name.partition("#")[0] == "off"]
+
+
 def _paired(runs: dict[str, list[dict | None]], name: str, off: str) -> dict[int, tuple[dict, dict]]:
     """(spec off's, the mode's) summaries by repeat, where both engines ran the repeat and sampled as many tokens."""
     if off == name:
@@ -326,7 +331,7 @@ def same_token_pairs(runs: dict[str, list[dict | None]]) -> list[str]:
     many tokens (one sampler seed per repeat: a draft that changed no token leaves the count, so these pairs compare
     the same work), as spec off's rollout time over the mode's; pooled over all its pairings by geometric mean, and
     per repeat with its 95% interval (the A/A engine's row gives the spread with nothing changed)."""
-    offs = [name for name in runs if name.partition("#")[0] == "off"]
+    offs = spec_off_engines(runs)
     if not offs:
         return []
     lines = [
@@ -406,7 +411,7 @@ def rival_pairs(runs: dict[str, list[dict | None]]) -> list[str]:
     geometric mean and 95% interval over the repeats."""
     from recipe.dapo.timeline import ACTIVE_BANDS
 
-    offs = [name for name in runs if name.partition("#")[0] == "off"]
+    offs = spec_off_engines(runs)
     modes = [name for name in runs if name not in offs]
 
     def get(summary: dict, key: str) -> float:
@@ -551,8 +556,7 @@ def main() -> None:
         nargs="+",
         default=None,
         help="only rebuild the same-token pairs and the modes against each other (into <out>/same_token_pairs.md) "
-        "from rollouts.jsonl files or runs' "
-        "logs (several: pooled, repeats renumbered)",
+        "from rollouts.jsonl files or runs' logs (several: pooled, repeats renumbered)",
     )
     args = parser.parse_args()
     out = Path(args.out or REPO_ROOT / "results" / ("sam" if args.model is None else "real"))
@@ -663,7 +667,7 @@ def main() -> None:
         f"Produced by `.venv/bin/python scripts/bench_rollout.py {model_arg}--max-tokens {max_tokens} "
         f"--prompts {args.prompts} --n {args.n} "
         f"--repeats {args.repeats} --tail {args.tail} --gate {gate} --modes {args.modes}"
-        f"{f' --seed {args.seed}' if args.seed != 1000 else ''}"
+        f"{f' --seed {args.seed}' if args.seed != parser.get_default('seed') else ''}"
         f"{f' --dtype {args.dtype}' if args.dtype else ''}` (engines in {dtype}, temperature 1, long tail = "
         f"at most {args.tail} active requests, SAM drafts at most {gate} active requests unless a mode says @G, K, "
         "SAM options from configs/spec unless a mode says /<letter><value> (SAM_MODE_OPTIONS); every mode's engine alive at once, "
