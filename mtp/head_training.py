@@ -223,21 +223,70 @@ def mtp_rollout(
     draft_sample_method: str = "greedy",
     dtype: str = "bfloat16",
     warmup: Sequence[list[int]] = (),
+    num_speculative_tokens: int = 1,
 ) -> tuple[dict, RolloutTimeline]:
-    """The checkpoint's MTP head drafting in vLLM (method ``mtp``, one token) at T=1: the share of its drafts
+    """The checkpoint's MTP head drafting in vLLM (method ``mtp``) at T=1 in a fresh engine: the share of its drafts
     accepted, tokens per request-step, tokens per response and the rollout's tokens/s; and the rollout's timeline."""
     from recipe.engine import speculative_config
 
-    spec = speculative_config("mtp", 1, draft_sample_method=draft_sample_method)
+    spec = speculative_config("mtp", num_speculative_tokens, draft_sample_method=draft_sample_method)
     timeline = rollout_at_t1(ckpt, spec, prompts, n, max_tokens, seed, progress, dtype, warmup).timeline
+    return head_figures(timeline, len(prompts) * n), timeline
+
+
+def head_figures(timeline: RolloutTimeline, responses: int) -> dict:
+    """What a head's rollout is read by: drafts accepted, tokens per request-step and per response, tokens/s."""
     s = timeline.summary(8)
     return {
         "acceptance": s["accepted_tokens"] / max(s["draft_tokens"], 1.0),
         "tokens_per_request_step": s["tokens_per_request_step"],
         "tokens": s["tokens"],
-        "tokens_per_response": s["tokens"] / max(len(prompts) * n, 1),
+        "tokens_per_response": s["tokens"] / max(responses, 1),
         "rollout_tok_s": s["throughput_tok_s"],
-    }, timeline
+    }
+
+
+def swapped_head_rollouts(
+    ckpt: str | Path,
+    heads: dict[str, dict[str, torch.Tensor]],
+    prompts: list[list[int]],
+    n: int,
+    max_tokens: int,
+    seeds: Sequence[int],
+    draft_sample_method: str = "probabilistic",
+    dtype: str = "float32",
+    warmup: Sequence[list[int]] = (),
+    num_speculative_tokens: int = 1,
+) -> dict[str, list[tuple[dict, RolloutTimeline]]]:
+    """Several heads on one trunk, served in turn by one warm vLLM engine (method ``mtp``, T=1): for each seed, every
+    head's weights (a full state dict, trunk included) are pushed into the engine in place, the sampler is reseeded,
+    and one rollout is timed; the order of the heads alternates with the seed.
+
+    Fresh engines per rollout (:func:`mtp_rollout`) move a rollout's tokens/s by several percent with nothing
+    changed (one engine instance is faster than the next); one engine takes that out of a head-vs-head ratio, and
+    the reseed makes both heads start each seed's rollout from the same random state."""
+    from recipe.dapo.rollout import RolloutEngine
+    from recipe.engine import EngineOptions, speculative_config
+
+    spec = speculative_config("mtp", num_speculative_tokens, draft_sample_method=draft_sample_method)
+    engine = RolloutEngine(
+        str(ckpt), spec, EngineOptions(max_model_len=1024, seed=seeds[0], dtype=dtype), None, free_cache_engine=False
+    )
+    sampling = {"temperature": 1.0, "top_p": 1.0, "max_tokens": max_tokens}
+    out: dict[str, list[tuple[dict, RolloutTimeline]]] = {name: [] for name in heads}
+    try:
+        if warmup:
+            engine.generate(list(warmup), 1, {**sampling, "max_tokens": 32}, False)
+        for i, seed in enumerate(seeds):
+            names = list(heads) if i % 2 == 0 else list(heads)[::-1]
+            for name in names:
+                engine.sync_weights(heads[name])
+                engine.reseed(seed)
+                timeline = engine.generate(prompts, n, sampling).timeline
+                out[name].append((head_figures(timeline, len(prompts) * n), timeline))
+    finally:
+        engine.close()
+    return out
 
 
 def mtp_acceptance(*args, **kwargs) -> dict:

@@ -39,6 +39,8 @@ import numpy as np
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
+from recipe.ab.stats import ratio_interval_text  # noqa: E402
+
 MODES = {
     "off": ("off", None),
     "noop": ("noop", None),
@@ -318,14 +320,6 @@ def _per_repeat(runs: dict[str, list[dict | None]], name: str, offs: list[str], 
     return [math.exp(np.mean(np.log(by_rep[rep]))) for rep in sorted(by_rep)]
 
 
-def _interval(values: list[float]) -> str:
-    """``geometric mean [95% interval]`` of per-repeat ratios (recipe.ab.stats.ratio_interval)."""
-    from recipe.ab.stats import ratio_interval
-
-    centre, lo, hi = ratio_interval(values)
-    return f"{centre:.3f}x [{lo:.3f}, {hi:.3f}]" if lo == lo else f"{centre:.3f}x"
-
-
 def same_token_pairs(runs: dict[str, list[dict | None]]) -> list[str]:
     """Markdown: each mode against each spec-off engine (``off``, ``off#<tag>``) over the repeats where both sampled as
     many tokens (one sampler seed per repeat: a draft that changed no token leaves the count, so these pairs compare
@@ -357,7 +351,7 @@ def same_token_pairs(runs: dict[str, list[dict | None]]) -> list[str]:
             )
         total = f"{len(pooled)}, **{math.exp(np.mean(np.log(pooled))):.3f}x**" if pooled else "-"
         repeats = _per_repeat(runs, name, offs, lambda o, m: o["rollout_time_s"] / m["rollout_time_s"])
-        per_repeat = f"{len(repeats)}, {_interval(repeats)}" if repeats else "-"
+        per_repeat = f"{len(repeats)}, {ratio_interval_text(repeats)}" if repeats else "-"
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {total} | {per_repeat} |")
     return lines + same_token_band_pairs(runs, offs)
 
@@ -394,7 +388,7 @@ def same_token_band_pairs(runs: dict[str, list[dict | None]], offs: list[str]) -
                 else "-"
             )
             repeats = _per_repeat(runs, name, offs, lambda o, m, key=key: m[key] / o[key] if o[key] > 0 else math.nan)
-            bounds.append(f"{_interval(repeats)} ({len(repeats)})" if repeats else "-")
+            bounds.append(f"{ratio_interval_text(repeats)} ({len(repeats)})" if repeats else "-")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
         intervals.append(f"| {name} | " + " | ".join(bounds) + " |")
     return lines + intervals
@@ -446,7 +440,7 @@ def rival_pairs(runs: dict[str, list[dict | None]]) -> list[str]:
             cells = []
             for measure in measures.values():
                 values = [v for v in (measure(*triple) for triple in triples) if v > 0]  # NaN compares False
-                cells.append(f"{_interval(values)} ({len(values)})" if values else "-")
+                cells.append(f"{ratio_interval_text(values)} ({len(values)})" if values else "-")
             lines.append(f"| {name} | {rival} | " + " | ".join(cells) + " |")
     if not lines:
         return []

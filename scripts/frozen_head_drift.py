@@ -34,8 +34,9 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 from mtp.checkpoint import load_checkpoint, load_tokenizer, save_checkpoint  # noqa: E402
-from mtp.head_training import WARMUP_PROMPTS, held_out_prompts, mtp_rollout  # noqa: E402
+from mtp.head_training import WARMUP_PROMPTS, held_out_prompts, mtp_rollout, swapped_head_rollouts  # noqa: E402
 from mtp.model import MiMoForCausalLM  # noqa: E402
+from recipe.ab.stats import ratio_interval, ratio_interval_text  # noqa: E402
 from recipe.dapo.drift import METRIC_LABELS, DriftProbe  # noqa: E402
 from recipe.dapo.timeline import equal_work_vs_off, speed_by_active_requests_vs_off  # noqa: E402
 
@@ -58,40 +59,76 @@ def with_start_head(model: MiMoForCausalLM, policy: Path, start_head: torch.nn.M
     return save_checkpoint(model, load_tokenizer(policy), out, dtype=dtype)
 
 
-def rollout_ab(
-    policy: Path, swapped: Path, prompts: list[list[int]], warmup: list[list[int]], args: argparse.Namespace
-) -> dict:
-    """Own head vs the starting head on the policy's trunk, served in vLLM (method ``mtp``, one draft token, the
-    experiment's probabilistic drafts), repeats in alternating order; medians and the median paired ratios.
+def head_states(policy: MiMoForCausalLM, start_head: torch.nn.ModuleList) -> dict[str, dict[str, torch.Tensor]]:
+    """The policy's full state with its own MTP head and with the starting head in its place (what a frozen-head
+    run serves at that policy): the two sides a one-engine swap pushes in turn."""
+    own = {name: t.detach().clone() for name, t in policy.state_dict().items()}
+    start = dict(own)
+    for name, t in start_head.state_dict().items():
+        start[f"model.mtp_layers.{name}"] = t.detach().clone()
+    return {"own": own, "start": start}
 
-    Each rollout samples other responses (a draft changes which tokens T=1 draws), and at 20-30 tokens a response a
-    rollout's tokens/s is set by its few long ones. So the own head is also timed at the starting head's mix of
-    batch sizes (``recipe.dapo.timeline.equal_work_vs_off``, the starting head as the reference): the same work,
-    which the raw tokens/s ratio is not."""
-    runs: dict[str, list[dict]] = {"own": [], "start": []}
-    timelines: dict[str, list] = {"own": [], "start": []}
-    for rep in range(args.rollout_repeats):
-        order = (("own", policy), ("start", swapped)) if rep % 2 == 0 else (("start", swapped), ("own", policy))
-        for head, ckpt in order:
-            figures, timeline = mtp_rollout(
-                ckpt, prompts, args.rollout_n, args.max_tokens, args.seed + rep, progress=False,
-                draft_sample_method="probabilistic", dtype=args.dtype, warmup=warmup,
-            )  # fmt: skip
-            runs[head].append(figures)
-            timelines[head].append(timeline)
-    out = {}
-    for head, rows in runs.items():
+
+def rollout_ab(
+    policy_dir: Path, policy: MiMoForCausalLM, start_head: torch.nn.ModuleList, prompts: list[list[int]],
+    warmup: list[list[int]], args: argparse.Namespace,
+) -> dict:  # fmt: skip
+    """Own head vs the starting head on the policy's trunk, served in vLLM (method ``mtp``, the experiment's
+    probabilistic drafts), repeats in alternating order; medians, and per-repeat ratios with their geometric mean and
+    95% interval.
+
+    By default one warm engine serves both heads, swapped in place and reseeded before each rollout
+    (``mtp.head_training.swapped_head_rollouts``); ``--fresh-engines`` starts an engine per rollout from a checkpoint
+    (how the tables before 2026-11-29 were measured). Each rollout samples other responses (a draft changes which
+    tokens T=1 draws), and at 20-30 tokens a response a rollout's tokens/s is set by its few long ones. So the own head
+    is also timed at the starting head's mix of batch sizes (``recipe.dapo.timeline.equal_work_vs_off``, the starting
+    head as the reference): the same work, which the raw tokens/s ratio is not."""
+    seeds = [args.seed + rep for rep in range(args.rollout_repeats)]
+    drafting = {
+        "draft_sample_method": "probabilistic", "dtype": args.dtype, "warmup": warmup,
+        "num_speculative_tokens": args.num_speculative_tokens,
+    }  # fmt: skip
+    if args.fresh_engines:
+        runs: dict[str, list] = {"own": [], "start": []}
+        with tempfile.TemporaryDirectory() as tmp:
+            swapped = with_start_head(policy, policy_dir, start_head, Path(tmp) / "start_head")
+            for rep, seed in enumerate(seeds):
+                order = (
+                    (("own", policy_dir), ("start", swapped))
+                    if rep % 2 == 0
+                    else (("start", swapped), ("own", policy_dir))
+                )
+                for head, ckpt in order:
+                    runs[head].append(
+                        mtp_rollout(ckpt, prompts, args.rollout_n, args.max_tokens, seed, progress=False, **drafting)
+                    )
+    else:
+        runs = swapped_head_rollouts(
+            policy_dir, head_states(policy, start_head), prompts, args.rollout_n, args.max_tokens, seeds, **drafting
+        )
+    figures = {head: [f for f, _ in rows] for head, rows in runs.items()}
+    timelines = {head: [t for _, t in rows] for head, rows in runs.items()}
+    out: dict = {}
+    for head, rows in figures.items():
         for key in ("rollout_tok_s", "acceptance", "tokens_per_request_step", "tokens_per_response"):
             out[f"rollout/{head}_head_{key}"] = float(np.median([r[key] for r in rows]))
-    ratios = [o["rollout_tok_s"] / s["rollout_tok_s"] for o, s in zip(runs["own"], runs["start"], strict=True)]
-    out["rollout/own_over_start_tok_s"] = float(np.median(ratios))
-    out["rollout/own_over_start_tok_s_runs"] = ratios
-    equal_work = [
-        equal_work_own_over_start([o], [s]) for o, s in zip(timelines["own"], timelines["start"], strict=True)
-    ]
+    pairs = list(zip(figures["own"], figures["start"], strict=True))
+    readings = {  # READINGS, in the report's order
+        "tok_s": [o["rollout_tok_s"] / s["rollout_tok_s"] for o, s in pairs],
+        "equal_work": [
+            equal_work_own_over_start([o], [s]) for o, s in zip(timelines["own"], timelines["start"], strict=True)
+        ],
+        "tokens_per_request_step": [o["tokens_per_request_step"] / s["tokens_per_request_step"] for o, s in pairs],
+    }
+    for name, ratios in readings.items():
+        out[f"rollout/own_over_start_{name}_runs"] = ratios
+        out[f"rollout/own_over_start_{name}_interval"] = list(ratio_interval(ratios))
+    out["rollout/own_over_start_tok_s"] = float(np.median(readings["tok_s"]))
     out["rollout/own_over_start_equal_work"] = equal_work_own_over_start(timelines["own"], timelines["start"])
-    out["rollout/own_over_start_equal_work_runs"] = equal_work
     return out
+
+
+READINGS = ("tok_s", "equal_work", "tokens_per_request_step")  # the own / start ratios the report gives per repeat
 
 
 def equal_work_own_over_start(own: list, start: list) -> float:
@@ -111,6 +148,14 @@ def main() -> None:
     parser.add_argument("--rollout-prompts", type=int, default=0, help="held-out prompts per rollout (0: no rollouts)")
     parser.add_argument("--rollout-n", type=int, default=8, help="samples per prompt (the DAPO group)")
     parser.add_argument("--rollout-repeats", type=int, default=2, help="rollouts per head, in alternating order")
+    parser.add_argument(
+        "--num-speculative-tokens", type=int, default=1,
+        help="draft tokens per step (1: the experiment's; more runs the one MTP layer on its own output)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--fresh-engines", action="store_true",
+        help="a fresh engine per rollout instead of one engine with the heads swapped in place",
+    )  # fmt: skip
     parser.add_argument("--max-tokens", type=int, default=256, help="response budget (the experiment's)")
     parser.add_argument("--dtype", default="float32", help="the engine's dtype (the experiment's)")
     parser.add_argument("--seed", type=int, default=0)
@@ -129,9 +174,7 @@ def main() -> None:
         policy = load_checkpoint(path)
         rows.append({"policy": label, "checkpoint": str(path), **probe.measure(policy)})
         if prompts:
-            with tempfile.TemporaryDirectory() as tmp:
-                swapped = with_start_head(policy, path, start.model.mtp_layers, Path(tmp) / "start_head")
-                rows[-1].update(rollout_ab(path, swapped, prompts, warmup, args))
+            rows[-1].update(rollout_ab(path, policy, start.model.mtp_layers, prompts, warmup, args))
         print(json.dumps(rows[-1]), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "frozen_head_drift.json").write_text(json.dumps(rows, indent=1))
@@ -148,31 +191,31 @@ def main() -> None:
         lines.append(f"| {row['policy']} | " + " | ".join(f"{row[key]:.3f}" for key in METRIC_LABELS) + " |")
     served = [row for row in rows if "rollout/own_over_start_tok_s" in row]
     if served:
+        engines = "a fresh engine per rollout" if args.fresh_engines else "one engine, the heads swapped in place"
         lines += [
             "",
-            f"Served in vLLM (method `mtp`, one probabilistic draft token, T=1, {args.rollout_prompts} held-out prompts x "
-            f"{args.rollout_n}, up to {args.max_tokens} tokens, {args.dtype}, {args.rollout_repeats} rollouts per head in "
-            "alternating order; medians): the policy's own head against the starting head swapped onto its trunk. "
-            "Equal work: the own head's speed at the starting head's mix of batch sizes (all repeats pooled; per "
-            "repeat in brackets), which the raw tokens/s ratio is not when the two rollouts' response lengths differ.",
+            f"Served in vLLM (method `mtp`, {args.num_speculative_tokens} probabilistic draft token(s) a step, T=1, "
+            f"{args.rollout_prompts} held-out prompts x {args.rollout_n}, up to {args.max_tokens} tokens, {args.dtype}, "
+            f"{args.rollout_repeats} rollouts per head in alternating order, {engines}): the policy's own head against "
+            "the starting head on its trunk. Ratios are own / start, per repeat, as geometric mean [95% interval]. "
+            "Equal work: the own head's speed at the starting head's mix of batch sizes, which the raw tokens/s ratio "
+            "is not when the two rollouts' response lengths differ. Tok/s, accepted and tokens per response: medians.",
             "",
-            "| policy | own head tok/s | start head tok/s | own / start (paired) | own / start, equal work | own head "
-            "accepted | start head accepted | own tokens/request-step | start tokens/request-step | tokens per "
-            "response, own vs start |",
-            "|---|---|---|---|---|---|---|---|---|---|",
+            "| policy | own head tok/s | start head tok/s | own / start tok/s | own / start, equal work | own / start "
+            "tokens/request-step | own head accepted | start head accepted | tokens per response, own vs start |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         for row in served:
-            ratios = ", ".join(f"{r:.3f}" for r in row["rollout/own_over_start_tok_s_runs"])
-            equal = ", ".join(f"{r:.3f}" for r in row["rollout/own_over_start_equal_work_runs"])
-            lines.append(
-                f"| {row['policy']} | {row['rollout/own_head_rollout_tok_s']:.1f} | "
-                f"{row['rollout/start_head_rollout_tok_s']:.1f} | {row['rollout/own_over_start_tok_s']:.3f} ({ratios}) | "
-                f"{row['rollout/own_over_start_equal_work']:.3f} ({equal}) | "
-                f"{row['rollout/own_head_acceptance']:.3f} | {row['rollout/start_head_acceptance']:.3f} | "
-                f"{row['rollout/own_head_tokens_per_request_step']:.3f} | "
-                f"{row['rollout/start_head_tokens_per_request_step']:.3f} | "
-                f"{row['rollout/own_head_tokens_per_response']:.1f} vs {row['rollout/start_head_tokens_per_response']:.1f} |"
-            )
+            cells = [
+                row["policy"],
+                f"{row['rollout/own_head_rollout_tok_s']:.1f}",
+                f"{row['rollout/start_head_rollout_tok_s']:.1f}",
+                *(ratio_interval_text(row[f"rollout/own_over_start_{name}_runs"]) for name in READINGS),
+                f"{row['rollout/own_head_acceptance']:.3f}",
+                f"{row['rollout/start_head_acceptance']:.3f}",
+                f"{row['rollout/own_head_tokens_per_response']:.1f} vs {row['rollout/start_head_tokens_per_response']:.1f}",
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
     (args.out / "frozen_head_drift.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

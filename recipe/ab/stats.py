@@ -53,6 +53,12 @@ def ratio_interval(ratios, level: float = 0.95) -> tuple[float, float, float]:
     return math.exp(centre), math.exp(centre - half), math.exp(centre + half)
 
 
+def ratio_interval_text(ratios) -> str:
+    """``geometric mean [95% interval]`` of paired speed ratios, as the reports print it (the mean alone below two)."""
+    centre, lo, hi = ratio_interval(ratios)
+    return f"{centre:.3f}x [{lo:.3f}, {hi:.3f}]" if lo == lo else f"{centre:.3f}x"
+
+
 def solved_p(acc: float, acc_off: float, n: int) -> float:
     """Fisher's exact test that two greedy accuracies on the same ``n`` problems come from the same rate."""
     if acc != acc or acc_off != acc_off:
