@@ -10,12 +10,14 @@ Writes ``<out>/frozen_head_drift.{json,md}``. Every checkpoint must share the st
 (a run started from it, or from the same trunk with another head); the probe is the starting policy's responses
 kept by such a run.
 
-``--rollout-prompts K`` also serves each checkpoint in vLLM twice, with its own head and with the starting head
-swapped onto its trunk (what a frozen-head run would serve at that policy), ``--rollout-repeats`` times in
-alternating order on K held-out prompts x ``--rollout-n`` at T=1, and reports rollout tokens/s (raw, and at the
-starting head's mix of batch sizes), drafts accepted, tokens per request-step and per response: the throughput side
-of online vs frozen at the same policy, which two training runs could only compare across diverging policies. With
-``--start`` set to the policy itself both sides serve one head (an A/A pair: the noise of the tokens/s ratio).
+``--rollout-prompts K`` also serves each checkpoint in vLLM with its own head and with the starting head on its trunk
+(what a frozen-head run would serve at that policy), ``--rollout-repeats`` times in alternating order on K held-out
+prompts x ``--rollout-n`` at T=1, in one warm engine with the heads swapped in place and the sampler reseeded per
+rollout (``--fresh-engines``: an engine per rollout, as before 2026-11-29). It reports rollout tokens/s (raw, and at the
+starting head's mix of batch sizes), drafts accepted, tokens per request-step and per response, with each own / start
+ratio per repeat and its 95% interval: the throughput side of online vs frozen at the same policy, which two training
+runs could only compare across diverging policies. With ``--start`` set to the policy itself both sides serve one
+head (an A/A pair: the noise of the tokens/s ratio).
 """
 
 from __future__ import annotations
