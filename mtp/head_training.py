@@ -262,9 +262,10 @@ def swapped_head_rollouts(
     head's weights (a full state dict, trunk included) are pushed into the engine in place, the sampler is reseeded,
     and one rollout is timed; the order of the heads alternates with the seed.
 
-    Fresh engines per rollout (:func:`mtp_rollout`) move a rollout's tokens/s by several percent with nothing
-    changed (one engine instance is faster than the next); one engine takes that out of a head-vs-head ratio, and
-    the reseed makes both heads start each seed's rollout from the same random state."""
+    One engine takes the difference between engine instances out of a head-vs-head ratio (:func:`mtp_rollout` starts
+    one per rollout), and the reseed starts both heads' rollouts of a seed from the same random state: one head on both
+    sides samples the same tokens. What it cannot take out is the load of a shared machine over time: an A/A pair's
+    tokens/s still moved 0.94-1.09 on the 2-core CPU (results/real/online_vs_frozen_1129)."""
     from recipe.dapo.rollout import RolloutEngine
     from recipe.engine import EngineOptions, speculative_config
 
