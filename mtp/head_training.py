@@ -264,8 +264,8 @@ def swapped_head_rollouts(
 
     One engine takes the difference between engine instances out of a head-vs-head ratio (:func:`mtp_rollout` starts
     one per rollout), and the reseed starts both heads' rollouts of a seed from the same random state: one head on both
-    sides samples the same tokens. What it cannot take out is the load of a shared machine over time: an A/A pair's
-    tokens/s still moved 0.94-1.09 on the 2-core CPU (results/real/online_vs_frozen_1129)."""
+    sides samples the same tokens. It cannot take out the load of a shared machine over time: an A/A pair's tokens/s
+    still moved 0.94-1.09 on the 2-core CPU (results/real/online_vs_frozen_1129)."""
     from recipe.dapo.rollout import RolloutEngine
     from recipe.engine import EngineOptions, speculative_config
 
