@@ -235,10 +235,12 @@ def mtp_rollout(
 
 
 def head_figures(timeline: RolloutTimeline, responses: int) -> dict:
-    """What a head's rollout is read by: drafts accepted, tokens per request-step and per response, tokens/s."""
+    """What a head's rollout is read by: drafts accepted and those that earned a token, tokens per request-step and per
+    response, tokens/s."""
     s = timeline.summary(8)
     return {
         "acceptance": s["accepted_tokens"] / max(s["draft_tokens"], 1.0),
+        "earned": s["spec_draft_earned_rate"],
         "tokens_per_request_step": s["tokens_per_request_step"],
         "tokens": s["tokens"],
         "tokens_per_response": s["tokens"] / max(responses, 1),

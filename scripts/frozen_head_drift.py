@@ -6,15 +6,15 @@ checkpoints, with the starting head (what a frozen head drafts) and each checkpo
         --probe runs/ab/smollm2_drift/mtp_online/drift_probe.json \\
         --policy "rise step 6=runs/spec-rollout-dapo/smollm2-sam-rise/global_step_6/actor" ...
 
-Writes ``<out>/frozen_head_drift.{json,md}``. Every checkpoint must share the starting checkpoint's trunk lineage
-(a run started from it, or from the same trunk with another head); the probe is the starting policy's responses
-kept by such a run.
+Writes ``<out>/frozen_head_drift.{json,md}``, and with rollouts ``timelines.json.gz`` (every rollout's engine steps).
+Every checkpoint must share the starting checkpoint's trunk lineage (a run started from it, or from the same trunk with
+another head); the probe is the starting policy's responses kept by such a run.
 
 ``--rollout-prompts K`` also serves each checkpoint in vLLM with its own head and with the starting head on its trunk
 (what a frozen-head run would serve at that policy), ``--rollout-repeats`` times in alternating order on K held-out
 prompts x ``--rollout-n`` at T=1, in one warm engine with the heads swapped in place and the sampler reseeded per
-rollout (``--fresh-engines``: an engine per rollout, as before 2026-11-29). It reports rollout tokens/s (raw, and at the
-starting head's mix of batch sizes), drafts accepted, tokens per request-step and per response, with each own / start
+rollout (``--fresh-engines``: an engine per rollout, as before 2026-11-29). It reports rollout tokens/s (raw, at the
+starting head's mix of batch sizes, and so over the engine steps that prefilled nothing), drafts accepted, tokens per request-step and per response, with each own / start
 ratio per repeat and its 95% interval: the throughput side of online vs frozen at the same policy, which two training
 runs could only compare across diverging policies. With ``--start`` set to the policy itself both sides serve one
 head (an A/A pair: the noise of the tokens/s ratio).
@@ -23,6 +23,7 @@ head (an A/A pair: the noise of the tokens/s ratio).
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import shlex
 import sys
@@ -112,31 +113,52 @@ def rollout_ab(
     timelines = {head: [t for _, t in rows] for head, rows in runs.items()}
     out: dict = {}
     for head, rows in figures.items():
-        for key in ("rollout_tok_s", "acceptance", "tokens_per_request_step", "tokens_per_response"):
+        for key in ("rollout_tok_s", "acceptance", "earned", "tokens_per_request_step", "tokens_per_response"):
             out[f"rollout/{head}_head_{key}"] = float(np.median([r[key] for r in rows]))
+        out[f"rollout/{head}_head_prefill_time_share"] = float(
+            np.median([t.summary(8)["prefill_time_share"] for t in timelines[head]])
+        )
     pairs = list(zip(figures["own"], figures["start"], strict=True))
     readings = {  # READINGS, in the report's order
         "tok_s": [o["rollout_tok_s"] / s["rollout_tok_s"] for o, s in pairs],
         "equal_work": [
             equal_work_own_over_start([o], [s]) for o, s in zip(timelines["own"], timelines["start"], strict=True)
         ],
+        "equal_work_decode": [
+            equal_work_own_over_start([o], [s], decode_only=True)
+            for o, s in zip(timelines["own"], timelines["start"], strict=True)
+        ],
         "tokens_per_request_step": [o["tokens_per_request_step"] / s["tokens_per_request_step"] for o, s in pairs],
     }
     for name, ratios in readings.items():
         out[f"rollout/own_over_start_{name}_runs"] = ratios
-        out[f"rollout/own_over_start_{name}_interval"] = list(ratio_interval(ratios))
+        out[f"rollout/own_over_start_{name}_interval"] = list(ratio_interval(defined(ratios)))
     out["rollout/own_over_start_tok_s"] = float(np.median(readings["tok_s"]))
     out["rollout/own_over_start_equal_work"] = equal_work_own_over_start(timelines["own"], timelines["start"])
+    out["timelines"] = {head: [t.to_json() for t in rows] for head, rows in timelines.items()}
     return out
 
 
-READINGS = ("tok_s", "equal_work", "tokens_per_request_step")  # the own / start ratios the report gives per repeat
+def defined(ratios: list[float]) -> list[float]:
+    """The pairs whose ratio is known: an equal-work ratio is NaN where the own head's rollout never ran at a batch size
+    the starting head's spent time at (``equal_work_vs_off``), as when its last two responses ended in one step."""
+    return [r for r in ratios if r == r]
 
 
-def equal_work_own_over_start(own: list, start: list) -> float:
+def interval_text(ratios: list[float]) -> str:
+    """``ratio_interval_text`` over the defined pairs, saying how many of all they are when some are not."""
+    known = defined(ratios)
+    return ratio_interval_text(known) + (f" ({len(known)} of {len(ratios)} pairs)" if len(known) < len(ratios) else "")
+
+
+READINGS = ("tok_s", "equal_work", "equal_work_decode", "tokens_per_request_step")  # own / start, per repeat
+
+
+def equal_work_own_over_start(own: list, start: list, decode_only: bool = False) -> float:
     """The own head's rollouts over the starting head's, at the starting head's mix of batch sizes (all rollouts'
-    engine steps pooled by active requests)."""
-    bands = speed_by_active_requests_vs_off({"start": start, "own": own}, reference="start")
+    engine steps pooled by active requests). ``decode_only``: over the steps that prefilled no request, the part of a
+    rollout a head changes (the same prompts cost both heads the same prefill)."""
+    bands = speed_by_active_requests_vs_off({"start": start, "own": own}, reference="start", decode_only=decode_only)
     return equal_work_vs_off(bands, reference="start")["own"]
 
 
@@ -172,14 +194,21 @@ def main() -> None:
     # the rollouts' prompts, and after them other held-out prompts that warm each fresh engine up, unmeasured
     held_out = held_out_prompts(args.start, args.rollout_prompts + WARMUP_PROMPTS) if args.rollout_prompts else []
     prompts, warmup = held_out[: args.rollout_prompts], held_out[args.rollout_prompts :]
+    timelines: dict[str, dict[str, list[dict]]] = {}
     for label, path in args.policy:
         policy = load_checkpoint(path)
         rows.append({"policy": label, "checkpoint": str(path), **probe.measure(policy)})
         if prompts:
             rows[-1].update(rollout_ab(path, policy, start.model.mtp_layers, prompts, warmup, args))
+        served = rows[-1].pop("timelines", None)
+        if served is not None:  # every rollout's engine steps, to recompute any reading (recipe.dapo.timeline)
+            timelines[label] = served
         print(json.dumps(rows[-1]), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "frozen_head_drift.json").write_text(json.dumps(rows, indent=1))
+    if timelines:
+        with gzip.open(args.out / "timelines.json.gz", "wt") as fh:
+            json.dump(timelines, fh)
     command = shlex.join(["python", "scripts/frozen_head_drift.py", *sys.argv[1:]])
     lines = [
         f"Produced by `{command}` ({len(sequences)} probe responses, temperature {args.temperature}). Expected "
@@ -201,21 +230,27 @@ def main() -> None:
             f"{args.rollout_repeats} rollouts per head in alternating order, {engines}): the policy's own head against "
             "the starting head on its trunk. Ratios are own / start, per repeat, as geometric mean [95% interval]. "
             "Equal work: the own head's speed at the starting head's mix of batch sizes, which the raw tokens/s ratio "
-            "is not when the two rollouts' response lengths differ. Tok/s, accepted and tokens per response: medians.",
+            "is not when the two rollouts' response lengths differ; decode: over the engine steps that prefilled no "
+            "request, the part of the rollout a head changes (prefill share: of the starting head's rollout time). "
+            "Accepted: vLLM's share of draft tokens accepted (in brackets: those that earned a token, less the drafts "
+            "of a response's last token, whose step emits it anyway). Tok/s, accepted, tokens per response and "
+            "prefill share: medians.",
             "",
-            "| policy | own head tok/s | start head tok/s | own / start tok/s | own / start, equal work | own / start "
-            "tokens/request-step | own head accepted | start head accepted | tokens per response, own vs start |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "| policy | own head tok/s | start head tok/s | own / start tok/s | own / start, equal work | own / start, "
+            "equal work, decode | own / start tokens/request-step | own head accepted | start head accepted | tokens "
+            "per response, own vs start | prefill share |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for row in served:
             cells = [
                 row["policy"],
                 f"{row['rollout/own_head_rollout_tok_s']:.1f}",
                 f"{row['rollout/start_head_rollout_tok_s']:.1f}",
-                *(ratio_interval_text(row[f"rollout/own_over_start_{name}_runs"]) for name in READINGS),
-                f"{row['rollout/own_head_acceptance']:.3f}",
-                f"{row['rollout/start_head_acceptance']:.3f}",
+                *(interval_text(row[f"rollout/own_over_start_{name}_runs"]) for name in READINGS),
+                f"{row['rollout/own_head_acceptance']:.3f} ({row['rollout/own_head_earned']:.3f})",
+                f"{row['rollout/start_head_acceptance']:.3f} ({row['rollout/start_head_earned']:.3f})",
                 f"{row['rollout/own_head_tokens_per_response']:.1f} vs {row['rollout/start_head_tokens_per_response']:.1f}",
+                f"{row['rollout/start_head_prefill_time_share']:.2f}",
             ]
             lines.append("| " + " | ".join(cells) + " |")
     (args.out / "frozen_head_drift.md").write_text("\n".join(lines) + "\n")

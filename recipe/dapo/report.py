@@ -81,6 +81,7 @@ def step_line(step: int, total: int, metrics: dict[str, float]) -> str:
 SUMMARY_SPEED = [  # (metric, label, format): the rollout figures of the end-of-run summary, means over steps
     ("rollout/throughput_tok_s", "rollout tokens/s", ".0f"),
     ("rollout/tail_throughput_tok_s", "in the long tail", ".0f"),
+    ("rollout/decode_throughput_tok_s", "in the steps that prefilled nothing", ".0f"),
     ("rollout/spec_accept_length", "mean acceptance length", ".2f"),
 ]
 

@@ -253,10 +253,12 @@ class RolloutEngine:
             t1 = time.perf_counter()
             new_tokens = 0
             stepped = 0
+            started = 0
             for out in outputs:
                 total = len(out.outputs[0].token_ids)
                 if total > emitted[out.request_id]:
                     stepped += 1
+                    started += emitted[out.request_id] == 0
                     new_tokens += total - emitted[out.request_id]
                     emitted[out.request_id] = total
                 if out.finished:
@@ -264,7 +266,7 @@ class RolloutEngine:
                     timeline.finish(out.request_id, total, t1 - start)
                     bar.update(1)
             spec_now = spec_counters(self.llm) if self.spec_config is not None else spec_before
-            timeline.step(t0 - start, t1 - t0, active, stepped, new_tokens, spec_now - spec_before)
+            timeline.step(t0 - start, t1 - t0, active, stepped, new_tokens, spec_now - spec_before, started)
         bar.close()
         if busy_before is not None:
             timeline.drafter_s = float((self.drafter_busy() - busy_before)[0].sum())

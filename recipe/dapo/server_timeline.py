@@ -65,6 +65,7 @@ class ServerTimelineLogger(_stat_logger_base()):
                 "drafts": int(spec.num_drafts) if spec else 0,
                 "draft_tokens": int(spec.num_draft_tokens) if spec else 0,
                 "accepted_tokens": int(spec.num_accepted_tokens) if spec else 0,
+                "started": len(iteration_stats.time_to_first_tokens_iter),  # requests whose prefill ended here
                 "finished": [[str(f.request_id), int(f.num_generation_tokens)] for f in finished],
                 "drained": running + waiting == 0,
             }
@@ -123,6 +124,7 @@ def to_timeline(rows: list[dict]) -> RolloutTimeline:
                 r["drafts"],
                 r["draft_tokens"],
                 r["accepted_tokens"],
+                started=r["started"],
             )
         )
         for rid, length in r["finished"]:

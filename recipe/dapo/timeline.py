@@ -1,7 +1,8 @@
 """Rollout timeline: what the engine did at every step, and the long-tail metrics derived from it.
 
-Per engine step: start time, duration, active requests, requests that emitted tokens, tokens emitted, and
-the speculative counters (drafts, draft tokens, accepted tokens). Per request: its length and finish time.
+Per engine step: start time, duration, active requests, requests that emitted tokens, tokens emitted, the
+speculative counters (drafts, draft tokens, accepted tokens) and the requests whose prefill ended in it. Per
+request: its length and finish time.
 The long tail is the part of a rollout where at most ``tail_threshold`` requests are active (the Ascend SAM
 article's definition); slime's long-tail figure is the longest sample's tokens over the rollout time. The
 tail's tokens/s per active request (tokens over request-seconds) compares tails that hold different numbers
@@ -39,6 +40,7 @@ class StepRecord:
     drafts: int = 0
     draft_tokens: int = 0
     accepted_tokens: int = 0
+    started: int = 0  # requests that emitted their first token in this step: it ran their prefill
 
 
 @dataclass
@@ -49,12 +51,14 @@ class RolloutTimeline:
     drafter_s: float = float("nan")  # SAM's proposer's own seconds inside the steps (NaN: another drafter, or none)
     _last_spec: tuple[int, int, int] = (0, 0, 0)
 
-    def step(self, start_s: float, duration_s: float, active: int, stepped: int, tokens: int, spec_total) -> None:
+    def step(
+        self, start_s: float, duration_s: float, active: int, stepped: int, tokens: int, spec_total, started: int = 0
+    ) -> None:
         """Record one engine step; ``spec_total`` is the cumulative SpecCounters since the rollout began."""
         total = (spec_total.num_drafts, spec_total.num_draft_tokens, spec_total.num_accepted_tokens)
         delta = [a - b for a, b in zip(total, self._last_spec, strict=True)]
         self._last_spec = total
-        self.steps.append(StepRecord(start_s, duration_s, active, stepped, tokens, *delta))
+        self.steps.append(StepRecord(start_s, duration_s, active, stepped, tokens, *delta, started=started))
 
     def finish(self, request_id: str, length: int, time_s: float) -> None:
         self.finishes[request_id] = (length, time_s)
@@ -71,6 +75,7 @@ class RolloutTimeline:
             return {}
         a = self.arrays()
         tail = a["active"] <= tail_threshold
+        decode = a["started"] == 0
         lengths = np.array([length for length, _ in self.finishes.values()]) if self.finishes else np.zeros(1)
         total_time = float(a["duration_s"].sum())
         c = {
@@ -88,6 +93,10 @@ class RolloutTimeline:
             "tail_request_steps": float(a["stepped"][tail].sum()),
             "tail_drafts": float(a["drafts"][tail].sum()),
             "tail_accepted_tokens": float(a["accepted_tokens"][tail].sum()),
+            # steps that prefilled no request: a drafter changes only these, while prefill is the same work in
+            # every mode and can take most of a CPU rollout of short responses (results/real/online_vs_frozen_1129)
+            "decode_time_s": float(a["duration_s"][decode].sum()),
+            "decode_tokens": float(a["tokens"][decode].sum()),
             "engine_steps": float(len(self.steps)),
             "drafter_s": self.drafter_s,
         }
@@ -132,19 +141,20 @@ def band_label(lo: int, hi: int) -> str:
 
 
 def speed_by_active_requests(
-    timelines: Iterable[RolloutTimeline], bands: tuple[tuple[int, int], ...] = ACTIVE_BANDS
+    timelines: Iterable[RolloutTimeline], bands: tuple[tuple[int, int], ...] = ACTIVE_BANDS, decode_only: bool = False
 ) -> list[dict[str, float | str]]:
     """Engine steps pooled by how many requests were active: each band's share of the rollout time, its
     tokens/s, tokens/s per active request and tokens per request-step. Two modes compared band by band are
     compared at equal batch size, which the long-tail tokens/s is not when a drafter changes how many
-    requests are left at the end (and which ones)."""
+    requests are left at the end (and which ones). ``decode_only``: only the steps that prefilled no request."""
     sums = np.zeros((len(bands), 4))  # seconds, tokens, request-seconds, request-steps
     for tl in timelines:
         if not tl.steps:
             continue
         a = tl.arrays()
+        counted = a["started"] == 0 if decode_only else np.ones(len(tl.steps), dtype=bool)
         for i, (lo, hi) in enumerate(bands):
-            sel = (a["active"] >= lo) & (a["active"] <= hi)
+            sel = counted & (a["active"] >= lo) & (a["active"] <= hi)
             d = a["duration_s"][sel]
             sums[i] += (d.sum(), a["tokens"][sel].sum(), (a["active"][sel] * d).sum(), a["stepped"][sel].sum())
     total = sums[:, 0].sum()
@@ -161,13 +171,13 @@ def speed_by_active_requests(
 
 
 def speed_by_active_requests_vs_off(
-    timelines: dict[str, Iterable[RolloutTimeline]], reference: str = "off"
+    timelines: dict[str, Iterable[RolloutTimeline]], reference: str = "off", decode_only: bool = False
 ) -> list[dict[str, float | str]]:
     """:func:`speed_by_active_requests` of each mode's rollouts, one row per mode and band, with the band's tokens/s
     per active request over spec off's (mode ``off``) in the same band (``request_tok_s_vs_off``; NaN without it).
     Another ``reference`` mode takes spec off's place (a frozen head against an online one, scripts/
-    frozen_head_drift.py); the keys keep their names."""
-    bands = {mode: speed_by_active_requests(tls) for mode, tls in timelines.items()}
+    frozen_head_drift.py); the keys keep their names. ``decode_only``: as in :func:`speed_by_active_requests`."""
+    bands = {mode: speed_by_active_requests(tls, decode_only=decode_only) for mode, tls in timelines.items()}
     off = bands.get(reference)
     return [
         {
@@ -235,12 +245,19 @@ def rollout_ratios(c: dict[str, float]) -> dict[str, float]:
         "tail_throughput_tok_s": ratio(c["tail_tokens"], c["tail_time_s"]),
         "tail_request_tok_s": ratio(c["tail_tokens"], c["tail_request_time_s"]),
         "tail_time_share": ratio(c["tail_time_s"], c["rollout_time_s"], 0.0),
+        "decode_throughput_tok_s": ratio(c["decode_tokens"], c["decode_time_s"]),
+        "prefill_time_share": 1.0 - ratio(c["decode_time_s"], c["rollout_time_s"], 1.0),
         "tail_tokens_share": ratio(c["tail_tokens"], c["tokens"], 0.0),
         "tokens_per_request_step": ratio(c["tokens"], c["request_steps"], 0.0),
         "tail_tokens_per_request_step": ratio(c["tail_tokens"], c["tail_request_steps"]),
         "spec_accept_length": 1.0 + ratio(c["accepted_tokens"], c["drafts"], 0.0),
         "tail_spec_accept_length": 1.0 + ratio(c["tail_accepted_tokens"], c["tail_drafts"], 0.0) if tail else NAN,
         "spec_draft_acceptance_rate": ratio(c["accepted_tokens"], c["draft_tokens"], 0.0),
+        # the share of draft tokens that added a token to a response: an accepted draft of a response's last token (its
+        # EOS) earns nothing, since the step emits that token anyway and the end cuts off the bonus token after it.
+        # vLLM counts it as accepted; a head that learned where responses end gains acceptance there and no speed
+        # (results/real/online_vs_frozen_1129)
+        "spec_draft_earned_rate": ratio(c["tokens"] - c["request_steps"], c["draft_tokens"], 0.0),
         # the drafter's share of the rollout time: on the embedded model a step is a few ms, so the proposer's own
         # work is what separates two SAM variants that accept alike (results/ab)
         "drafter_time_share": ratio(c["drafter_s"], c["rollout_time_s"]),
@@ -250,6 +267,7 @@ def rollout_ratios(c: dict[str, float]) -> dict[str, float]:
 COUNT_KEYS = (
     "rollout_time_s", "tokens", "request_steps", "drafts", "draft_tokens", "accepted_tokens", "tail_time_s",
     "tail_tokens", "tail_request_time_s", "tail_request_steps", "tail_drafts", "tail_accepted_tokens", "drafter_s",
+    "decode_time_s", "decode_tokens",
 )  # fmt: skip
 
 

@@ -121,6 +121,11 @@ def test_heads_swapped_in_one_engine_sample_as_fresh_engines_of_each_head_checkp
     seeds, n, sampling = [11, 12], 2, {"temperature": 1.0, "top_p": 1.0, "max_tokens": 48}
     heads = {"own": own, "other": policy.state_dict()}
     swapped = swapped_head_rollouts(harness_model, heads, prompts, n, 48, seeds, dtype="float32")
+    for _, timeline in swapped["own"] + swapped["other"]:
+        a = timeline.arrays()
+        assert a["started"].sum() == len(prompts) * n  # each request's prefill ends in one step
+        decode = a["started"] == 0  # a step that prefilled nothing drafts one token for every request it steps
+        assert decode.any() and (a["drafts"][decode] == a["stepped"][decode]).all()
     spec = speculative_config("mtp", 1, draft_sample_method="probabilistic")
     for name, ckpt in (("own", harness_model), ("other", other_dir)):
         options = EngineOptions(max_model_len=1024, seed=seeds[0], dtype="float32")

@@ -147,6 +147,7 @@ def test_the_server_records_a_timeline_row_per_engine_step_with_sams_drafts(serv
     assert max(r["active"] for r in rows) == PROMPTS
     # every token the server emitted is in the timeline: the sum of its rows' tokens is the responses' length
     assert sum(r["tokens"] for r in rows) == sum(finished)
+    assert sum(r["started"] for r in rows) == PROMPTS  # each request's prefill ends in one step
     drafted, accepted = sum(r["draft_tokens"] for r in rows), sum(r["accepted_tokens"] for r in rows)
     assert drafted > 0 and 0 < accepted <= drafted
 

@@ -36,6 +36,34 @@ def test_tail_throughput_and_per_request_speed():
     assert s["tail_tokens_per_request_step"] == pytest.approx(22 / 10)
 
 
+def test_decode_throughput_leaves_out_the_steps_that_prefilled_a_request(tmp_path):
+    """A drafter changes only the steps that prefill nothing; on a CPU the prefill steps of short responses can hold
+    most of a rollout's time, and the same prompts cost both sides of an A/B the same there."""
+    tl = RolloutTimeline(num_requests=3)
+    # (duration, active, stepped, tokens, started): two prefill steps (the second also decodes), then three decodes
+    steps = [(0.5, 3, 2, 2, 2), (0.4, 3, 3, 4, 1), (0.02, 3, 3, 5, 0), (0.02, 2, 2, 3, 0), (0.01, 1, 1, 2, 0)]
+    t = 0.0
+    for duration, active, stepped, tokens, started in steps:
+        tl.step(t, duration, active, stepped, tokens, SpecCounters(), started)
+        t += duration
+    tl.save(tmp_path / "round.json")
+    s = RolloutTimeline.load(tmp_path / "round.json").summary(tail_threshold=8)
+    assert s["decode_throughput_tok_s"] == pytest.approx(10 / 0.05)
+    assert s["prefill_time_share"] == pytest.approx(0.9 / 0.95)
+    assert s["throughput_tok_s"] == pytest.approx(16 / 0.95)
+    # pooled over rounds as every other ratio: a round of decodes alone adds to the decode time only
+    decodes = timeline([(0.05, 2, 2, 6)]).summary(8)
+    m = step_rollout_metrics([s, decodes])
+    assert m["rollout/decode_throughput_tok_s"] == pytest.approx(16 / 0.10)
+    assert m["rollout/prefill_time_share"] == pytest.approx(0.9 / 1.0)
+    # by band of active requests: the 2-4 band holds one prefill step, which decode_only leaves out
+    whole = {r["active"]: r for r in speed_by_active_requests([tl])}
+    decode = {r["active"]: r for r in speed_by_active_requests([tl], decode_only=True)}
+    assert whole["2-4"]["tok_s"] == pytest.approx(14 / 0.94)
+    assert decode["2-4"]["tok_s"] == pytest.approx(8 / 0.04)
+    assert decode["1"]["tok_s"] == whole["1"]["tok_s"] == pytest.approx(2 / 0.01)
+
+
 def test_step_metrics_pool_rounds_by_time_not_by_round():
     quick = timeline([(0.001, 2, 2, 4)]).summary(8)  # 2000 tok/s per request over 0.002 request-s
     slow = timeline([(0.009, 1, 1, 1)]).summary(8)  # 111 tok/s over 0.009 request-s
@@ -102,6 +130,18 @@ def drafting_timeline(steps: list[tuple[float, int, int, int, int, int]]) -> Rol
     return tl
 
 
+def test_accepted_drafts_of_a_responses_last_token_earn_nothing():
+    """Two requests draft 3 tokens a step. Step 1: each accepts 2 and emits 3. Step 2: one accepts 1 and emits 2; the
+    other accepts its draft of EOS and ends, emitting the EOS alone (its step would have emitted it anyway, and the
+    bonus token after it is cut off). vLLM counts 6 of 12 drafts accepted; 5 of them added a token."""
+    tl = drafting_timeline([(0.01, 2, 2, 6, 2, 4), (0.01, 2, 2, 3, 2, 2)])
+    s = tl.summary(8)
+    assert s["spec_draft_acceptance_rate"] == pytest.approx(6 / 12)
+    assert s["spec_draft_earned_rate"] == pytest.approx(5 / 12)
+    assert s["tokens_per_request_step"] == pytest.approx(1 + 5 / 4)
+    assert timeline([(0.01, 2, 2, 2)]).summary(8)["spec_draft_earned_rate"] == 0.0  # spec off: no drafts
+
+
 def test_step_metrics_pool_counts_over_rounds_and_leave_out_a_missing_tail():
     # round 1 ends with 12 requests finishing in one step: no step at or below 8 active, no tail
     no_tail = drafting_timeline([(0.01, 20, 20, 60, 20, 40), (0.01, 12, 12, 24, 12, 12)]).summary(8)
@@ -138,10 +178,10 @@ def test_the_drafters_time_pools_over_rounds_and_is_left_out_without_a_sam_draft
     assert not [k for k in plain if k.startswith("rollout/drafter")]
 
 
-def server_row(t: float, dt: float, active: int, left: int, tokens: int, drafts=0, accepted=0, finished=()):
+def server_row(t: float, dt: float, active: int, left: int, tokens: int, drafts=0, accepted=0, finished=(), started=0):
     return {"t": t, "dt": dt, "active": active, "tokens": tokens, "drafts": drafts,
             "draft_tokens": 2 * drafts, "accepted_tokens": accepted, "finished": [list(f) for f in finished],
-            "drained": left == 0}  # fmt: skip
+            "drained": left == 0, "started": started}  # fmt: skip
 
 
 def test_server_rows_are_assigned_to_steps_by_the_tracking_marks_and_validation_is_left_out(tmp_path):
@@ -154,10 +194,10 @@ def test_server_rows_are_assigned_to_steps_by_the_tracking_marks_and_validation_
     from recipe.dapo.step_marks import STEP_MARKS
 
     rows = [
-        server_row(10.0, 0.0, 2, 2, 3, drafts=1, accepted=1),
+        server_row(10.0, 0.0, 2, 2, 3, drafts=1, accepted=1, started=2),
         server_row(10.5, 0.5, 2, 0, 4, drafts=1, accepted=2, finished=[("a", 4), ("b", 3)]),
-        server_row(11.0, 0.0, 1, 0, 1, finished=[("v", 1)]),  # validation of step 1
-        server_row(30.0, 0.0, 1, 0, 3, drafts=1, accepted=2, finished=[("c", 3)]),  # relaunch, step 2
+        server_row(11.0, 0.0, 1, 0, 1, finished=[("v", 1)], started=1),  # validation of step 1
+        server_row(30.0, 0.0, 1, 0, 3, drafts=1, accepted=2, finished=[("c", 3)], started=1),  # relaunch, step 2
     ]
     (tmp_path / "server_timeline").mkdir()
     (tmp_path / "server_timeline" / "engine-h-1-0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -170,6 +210,7 @@ def test_server_rows_are_assigned_to_steps_by_the_tracking_marks_and_validation_
     assert metrics[1]["rollout/throughput_tok_s"] == pytest.approx(7 / 0.5)
     assert metrics[1]["rollout/spec_accept_length"] == pytest.approx(1 + 3 / 2)
     assert metrics[1]["rollout/tokens_per_request_step"] == pytest.approx(7 / 4)
+    assert metrics[1]["rollout/decode_throughput_tok_s"] == pytest.approx(4 / 0.5)  # the first row prefilled both
     assert "rollout/spec_accept_length" in metrics[2] and metrics[2]["rollout/tokens_per_request_step"] == 3.0
     assert sorted(p.name for p in (tmp_path / "timelines").iterdir()) == [
         "step_00001_server0_round_1.json",
