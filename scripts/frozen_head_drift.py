@@ -14,9 +14,10 @@ another head); the probe is the starting policy's responses kept by such a run.
 (what a frozen-head run would serve at that policy), ``--rollout-repeats`` times in alternating order on K held-out
 prompts x ``--rollout-n`` at T=1, in one warm engine with the heads swapped in place and the sampler reseeded per
 rollout (``--fresh-engines``: an engine per rollout, as before 2026-11-29). It reports rollout tokens/s (raw, at the
-starting head's mix of batch sizes, and so over the engine steps that prefilled nothing), drafts accepted, tokens per request-step and per response, with each own / start
-ratio per repeat and its 95% interval: the throughput side of online vs frozen at the same policy, which two training
-runs could only compare across diverging policies. With ``--start`` set to the policy itself both sides serve one
+starting head's mix of batch sizes, and so over the engine steps that prefilled nothing), drafts accepted and those
+that earned a token, tokens per request-step and per response, with each own / start ratio per repeat and its 95%
+interval: the throughput side of online vs frozen at the same policy, which two training runs could only compare
+across diverging policies. With ``--start`` set to the policy itself both sides serve one
 head (an A/A pair: the noise of the tokens/s ratio).
 """
 
