@@ -6,7 +6,8 @@ checkpoints, with the starting head (what a frozen head drafts) and each checkpo
         --probe runs/ab/smollm2_drift/mtp_online/drift_probe.json \\
         --policy "rise step 6=runs/spec-rollout-dapo/smollm2-sam-rise/global_step_6/actor" ...
 
-Writes ``<out>/frozen_head_drift.{json,md}``, and with rollouts ``timelines.json.gz`` (every rollout's engine steps).
+Writes ``<out>/frozen_head_drift.{json,md}``, and with rollouts ``timelines.json.gz`` (every rollout's engine steps)
+and ``timelines.png`` (scripts/plot_swap_timelines.py re-draws it).
 Every checkpoint must share the starting checkpoint's trunk lineage (a run started from it, or from the same trunk with
 another head); the probe is the starting policy's responses kept by such a run.
 
@@ -40,6 +41,7 @@ sys.path.insert(0, str(REPO_ROOT))
 from mtp.checkpoint import load_checkpoint, load_tokenizer, save_checkpoint  # noqa: E402
 from mtp.head_training import WARMUP_PROMPTS, held_out_prompts, mtp_rollout, swapped_head_rollouts  # noqa: E402
 from mtp.model import MiMoForCausalLM  # noqa: E402
+from recipe.ab.render import swap_timelines_plot  # noqa: E402
 from recipe.ab.stats import ratio_interval, ratio_interval_text  # noqa: E402
 from recipe.dapo.drift import METRIC_LABELS, DriftProbe  # noqa: E402
 from recipe.dapo.timeline import equal_work_vs_off, speed_by_active_requests_vs_off  # noqa: E402
@@ -210,6 +212,7 @@ def main() -> None:
     if timelines:
         with gzip.open(args.out / "timelines.json.gz", "wt") as fh:
             json.dump(timelines, fh)
+        swap_timelines_plot(timelines, args.out / "timelines.png")
     command = shlex.join(["python", "scripts/frozen_head_drift.py", *sys.argv[1:]])
     lines = [
         f"Produced by `{command}` ({len(sequences)} probe responses, temperature {args.temperature}). Expected "

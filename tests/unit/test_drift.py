@@ -132,3 +132,14 @@ def test_the_start_head_swapped_onto_a_policy_checkpoint_drafts_as_the_probe_sco
     for metric in ("mtp_accept", "mtp_top1", "mtp_accept_sampled"):
         assert abs(on_swapped[f"drift/{metric}_head"] - on_policy[f"drift/{metric}_start_head"]) < 1e-6, metric
     assert abs(on_policy["drift/mtp_accept_head"] - on_policy["drift/mtp_accept_start_head"]) > 1e-4
+
+
+def test_a_swaps_interval_leaves_out_undefined_pairs_and_says_how_many():
+    """An equal-work ratio is NaN for a pair where one rollout never ran at a batch size the other spent time at; the
+    report's interval is over the other pairs, with their count, where one NaN used to make the whole cell NaN."""
+    from recipe.ab.stats import ratio_interval_text
+
+    ratios = [1.04, float("nan"), 0.98, 1.03, 1.01]
+    assert frozen_head_drift.interval_text(ratios) == ratio_interval_text([1.04, 0.98, 1.03, 1.01]) + " (4 of 5 pairs)"
+    assert "nan" not in frozen_head_drift.interval_text(ratios)
+    assert frozen_head_drift.interval_text([1.04, 0.98]) == ratio_interval_text([1.04, 0.98])
