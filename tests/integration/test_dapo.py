@@ -23,6 +23,8 @@ TIMING_PREFIXES = (
     "rollout/longest",
     "rollout/tail_time",
     "rollout/drafter",
+    "rollout/decode_throughput",
+    "rollout/prefill_time_share",
 )
 
 
