@@ -236,7 +236,7 @@ def mtp_rollout(
 
 def head_figures(timeline: RolloutTimeline, responses: int) -> dict:
     """What a head's rollout is read by: drafts accepted and those that earned a token, tokens per request-step and per
-    response, tokens/s."""
+    response, tokens/s and the share of its time that prefilled prompts."""
     s = timeline.summary(8)
     return {
         "acceptance": s["accepted_tokens"] / max(s["draft_tokens"], 1.0),
@@ -244,6 +244,7 @@ def head_figures(timeline: RolloutTimeline, responses: int) -> dict:
         "tokens_per_request_step": s["tokens_per_request_step"],
         "tokens": s["tokens"],
         "tokens_per_response": s["tokens"] / max(responses, 1),
+        "prefill_time_share": s["prefill_time_share"],
         "rollout_tok_s": s["throughput_tok_s"],
     }
 

@@ -116,11 +116,11 @@ def rollout_ab(
     timelines = {head: [t for _, t in rows] for head, rows in runs.items()}
     out: dict = {}
     for head, rows in figures.items():
-        for key in ("rollout_tok_s", "acceptance", "earned", "tokens_per_request_step", "tokens_per_response"):
+        for key in (
+            "rollout_tok_s", "acceptance", "earned", "tokens_per_request_step", "tokens_per_response",
+            "prefill_time_share",
+        ):  # fmt: skip
             out[f"rollout/{head}_head_{key}"] = float(np.median([r[key] for r in rows]))
-        out[f"rollout/{head}_head_prefill_time_share"] = float(
-            np.median([t.summary(8)["prefill_time_share"] for t in timelines[head]])
-        )
     pairs = list(zip(figures["own"], figures["start"], strict=True))
     readings = {  # READINGS, in the report's order
         "tok_s": [o["rollout_tok_s"] / s["rollout_tok_s"] for o, s in pairs],
