@@ -137,6 +137,31 @@ def draft_and_target(
     return logits, teacher
 
 
+def held_out_acceptance(
+    model, heads: dict[str, torch.nn.ModuleList], samples: list[TokenizedExample], tokens_per_pack: int = 4096
+) -> dict[str, dict[str, float]]:
+    """Each head's expected acceptance of one probabilistic draft on ``model``'s trunk, over ``samples`` (responses the
+    model sampled itself): ``sum(min(p, q))`` against the model's own distribution of the drafted token, averaged over
+    every drafted position (``accepted``, what vLLM counts) and over those whose target is not a response's last token
+    (``earned``: a step emits that token whether its draft is accepted or not, and the end cuts off the bonus token).
+    No sampling noise: every head is scored on the same text, so two heads' ratio is exact for that text."""
+    cached = cache_trunk(model, pack_batches(samples, tokens_per_pack, np.random.default_rng(0)), progress=False)
+    head = model.lm_head.weight.detach().float()
+    sums = {name: {"accepted": 0.0, "earned": 0.0} for name in heads}
+    positions = {"accepted": 0, "earned": 0}
+    with torch.no_grad():
+        for c in cached:
+            # the position whose target (t+2) is a sequence's last token
+            earns = ~torch.isin(c.train_at, c.cu[1:] - 3)
+            positions["accepted"] += int(c.train_at.numel())
+            positions["earned"] += int(earns.sum())
+            for name, layers in heads.items():
+                accept = expected_acceptance(*draft_and_target(model, layers, head, c))
+                sums[name]["accepted"] += float(accept.sum())
+                sums[name]["earned"] += float(accept[earns].sum())
+    return {name: {k: v / max(positions[k], 1) for k, v in s.items()} for name, s in sums.items()}
+
+
 def train_head(
     ckpt: str | Path,
     samples: list[TokenizedExample],

@@ -17,7 +17,8 @@ this platform's vendor key, which veRL's lookup prefers to the device-wide defau
 - clips the head's gradients apart from the policy's, so the policy's update is the one it would be without the
   head (under one global norm the MTP loss would shrink the policy's step whenever clipping is active);
 - gives the head its own learning rate when the recipe sets ``spec.mtp.lr`` (veRL's optimizer config has one
-  learning rate; the recipe passes the head's as ``override_optimizer_config.mtp_lr``, taken out here).
+  learning rate; the recipe passes the head's as ``override_optimizer_config.mtp_lr``, taken out here), and its own
+  warm-up with ``spec.mtp.lr_warmup_steps`` (``mtp_lr_warmup_steps`` beside it).
 
 With ``mtp.enable_train`` off (a frozen head, the reference model) the engine behaves as veRL's own.
 """
@@ -36,7 +37,7 @@ from verl.utils.metric import AggregationType, Metric
 from verl.workers.engine.base import EngineRegistry
 from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
 
-from mtp import MTP_LOSS_FRACTION_KEY, MTP_LR_KEY, MTP_OBJECTIVE_KEY
+from mtp import MTP_LOSS_FRACTION_KEY, MTP_LR_KEY, MTP_LR_WARMUP_KEY, MTP_OBJECTIVE_KEY, warm_up_group
 from mtp.loss import mtp_loss, mtp_targets, sample_sequences
 from mtp.model import MiMoConfig, MTPLayer, packed_positions, rope_cos_sin, run_mtp_layers
 
@@ -136,6 +137,8 @@ def packed_response_mask(micro_batch) -> torch.Tensor:
 class MTPTrainingFSDPEngine(FSDPEngineWithLMHead):
     """veRL's FSDP engine with the MTP head trained online (see the module's docstring)."""
 
+    head_warmup_steps = 0  # the head group's own warm-up, from the optimizer's extra arguments (_build_optimizer)
+
     @property
     def trains_mtp(self) -> bool:
         mtp = getattr(self.model_config, "mtp", None)
@@ -166,7 +169,10 @@ class MTPTrainingFSDPEngine(FSDPEngineWithLMHead):
 
         extra = dict(self.optimizer_config.override_optimizer_config or {})
         head_lr = extra.pop(MTP_LR_KEY, None)
+        self.head_warmup_steps = int(extra.pop(MTP_LR_WARMUP_KEY, 0))
         if head_lr is None:
+            if self.head_warmup_steps:
+                raise ValueError(f"{MTP_LR_WARMUP_KEY} is set without {MTP_LR_KEY}: the head has no group of its own")
             return super()._build_optimizer(module)
         config = dataclasses.replace(self.optimizer_config, override_optimizer_config=extra or None)
         layers = getattr(self._model(module).model, "mtp_layers", None)
@@ -176,6 +182,12 @@ class MTPTrainingFSDPEngine(FSDPEngineWithLMHead):
         head_ids = {id(p) for p in head}
         trunk = [p for p in module.parameters() if id(p) not in head_ids]
         return build_optimizer([{"params": trunk}, {"params": head, "lr": float(head_lr)}], config)
+
+    def _build_lr_scheduler(self, optimizer):
+        """veRL's schedule, with the head's own warm-up (``mtp_lr_warmup_steps``) on its group."""
+        scheduler = super()._build_lr_scheduler(optimizer)
+        warm_up_group(scheduler, len(optimizer.param_groups) - 1, self.head_warmup_steps)
+        return scheduler
 
     def _head_parameters(self) -> list[torch.nn.Parameter]:
         return list(self._model().model.mtp_layers.parameters())

@@ -38,31 +38,13 @@ import torch
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from mtp.checkpoint import load_checkpoint, load_tokenizer, save_checkpoint  # noqa: E402
+from mtp.checkpoint import labelled_checkpoint, load_checkpoint, with_start_head  # noqa: E402
 from mtp.head_training import WARMUP_PROMPTS, held_out_prompts, mtp_rollout, swapped_head_rollouts  # noqa: E402
 from mtp.model import MiMoForCausalLM  # noqa: E402
 from recipe.ab.render import swap_timelines_plot  # noqa: E402
 from recipe.ab.stats import ratio_interval, ratio_interval_text  # noqa: E402
 from recipe.dapo.drift import METRIC_LABELS, DriftProbe  # noqa: E402
 from recipe.dapo.timeline import equal_work_vs_off, speed_by_active_requests_vs_off  # noqa: E402
-
-
-def parse_policy(text: str) -> tuple[str, Path]:
-    """``label=checkpoint directory``."""
-    label, sep, path = text.partition("=")
-    if not sep or not label or not path:
-        raise argparse.ArgumentTypeError(f"--policy {text!r}: expected LABEL=CHECKPOINT_DIR")
-    if not (Path(path) / "config.json").is_file():
-        raise argparse.ArgumentTypeError(f"--policy {text!r}: {path} holds no config.json (a checkpoint directory)")
-    return label, Path(path)
-
-
-def with_start_head(model: MiMoForCausalLM, policy: Path, start_head: torch.nn.ModuleList, out: Path) -> Path:
-    """``model`` (loaded from the checkpoint ``policy``) with the starting MTP head in place of its own, written to
-    ``out``; the head is replaced in ``model`` itself."""
-    model.model.mtp_layers.load_state_dict(start_head.state_dict())
-    dtype = getattr(torch, json.loads((policy / "config.json").read_text()).get("torch_dtype", "float32"))
-    return save_checkpoint(model, load_tokenizer(policy), out, dtype=dtype)
 
 
 def head_states(policy: MiMoForCausalLM, start_head: torch.nn.ModuleList) -> dict[str, dict[str, torch.Tensor]]:
@@ -169,7 +151,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--start", type=Path, required=True, help="the starting checkpoint, with the frozen head")
     parser.add_argument("--probe", type=Path, required=True, help="a run's drift_probe.json (the start's responses)")
-    parser.add_argument("--policy", type=parse_policy, action="append", required=True, help="LABEL=CHECKPOINT_DIR")
+    parser.add_argument(
+        "--policy", type=labelled_checkpoint, action="append", required=True, help="LABEL=CHECKPOINT_DIR"
+    )
     parser.add_argument("--temperature", type=float, default=1.0, help="the rollout temperature")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "results" / "real")
     parser.add_argument("--rollout-prompts", type=int, default=0, help="held-out prompts per rollout (0: no rollouts)")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from mtp import MTP_LOSS_FRACTION_KEY, MTP_LR_KEY, MTP_OBJECTIVE_KEY, MTP_OBJECTIVES
+from mtp import MTP_LOSS_FRACTION_KEY, MTP_LR_KEY, MTP_LR_WARMUP_KEY, MTP_OBJECTIVE_KEY, MTP_OBJECTIVES
 from recipe.engine import K_BY_BATCH_KEY, SPEC_METHODS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -61,6 +61,17 @@ def validate(cfg: DictConfig) -> None:
         )
         _require(spec.mtp.loss_scaling_factor >= 0, "spec.mtp.loss_scaling_factor", "must be >= 0")
         _require(spec.mtp.lr is None or spec.mtp.lr > 0, "spec.mtp.lr", f"must be null or > 0, got {spec.mtp.lr}")
+        warmup = spec.mtp.lr_warmup_steps
+        _require(
+            isinstance(warmup, int) and warmup >= 0,
+            "spec.mtp.lr_warmup_steps",
+            f"must be an integer >= 0, got {warmup}",
+        )
+        _require(
+            warmup == 0 or spec.mtp.lr is not None,
+            "spec.mtp.lr_warmup_steps",
+            "ramps the head's own rate: set spec.mtp.lr too (the actor's optimizer holds the head in its own group then)",
+        )
         # the MTP keys below act through mtp/verl_fsdp.py (or the local trainer); a Megatron actor has its own
         megatron = cfg.backend == "verl" and cfg.actor_rollout_ref.actor.strategy == "megatron"
         _require(
@@ -81,6 +92,12 @@ def validate(cfg: DictConfig) -> None:
             "spec.mtp.loss_sequence_fraction",
             "is for the local backend and veRL's FSDP actor (mtp/verl_fsdp.py); a Megatron actor computes its MTP "
             "loss over every token: leave it 1",
+        )
+        _require(
+            warmup == 0 or spec.mtp.train != "online" or not megatron,
+            "spec.mtp.lr_warmup_steps",
+            "is for the local backend and veRL's FSDP actor (mtp/verl_fsdp.py); a Megatron actor trains the head with "
+            "its own optimizer: leave it 0",
         )
         _require(
             spec.mtp.lr is None or spec.mtp.train != "online" or not megatron,
@@ -282,7 +299,12 @@ def spec_overrides(spec: DictConfig) -> dict[str, object]:
                 # veRL's optimizer config has no key for a second learning rate: mtp.verl_fsdp takes this one out of
                 # the optimizer's extra arguments and gives the MTP layer its own parameter group
                 **(
-                    {f"+actor_rollout_ref.actor.optim.override_optimizer_config.{MTP_LR_KEY}": float(spec.mtp.lr)}
+                    {
+                        f"+actor_rollout_ref.actor.optim.override_optimizer_config.{MTP_LR_KEY}": float(spec.mtp.lr),
+                        f"+actor_rollout_ref.actor.optim.override_optimizer_config.{MTP_LR_WARMUP_KEY}": int(
+                            spec.mtp.lr_warmup_steps
+                        ),
+                    }
                     if spec.mtp.lr is not None
                     else {}
                 ),

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig
 
+from mtp import warm_up_group
 from mtp.loss import mtp_loss, mtp_targets, roll_packed, sample_sequences
 from mtp.model import MiMoForCausalLM
 from recipe.dapo.timeline import timed
@@ -197,6 +198,8 @@ class Actor:
             weight_decay=actor.optim.weight_decay,
         )
         self.lr_scheduler = verl_lr_scheduler(self.optimizer, actor.optim, cfg.trainer.total_training_steps)
+        if self.mtp_online:
+            warm_up_group(self.lr_scheduler, 1, int(cfg.spec.mtp.lr_warmup_steps))
         self.policy_loss_fn = get_policy_loss_fn("vanilla")
         self.actor_cfg = ActorConfig(
             strategy="fsdp",

@@ -32,6 +32,7 @@ def test_the_policy_update_on_verl_fsdp_is_unchanged_by_the_online_head(harness_
     frozen = update(harness_model, tmp_path / "frozen.pt", "frozen")
     joint = update(harness_model, tmp_path / "joint.pt", "online", "joint")
     head_lr = update(harness_model, tmp_path / "head_lr.pt", "online", "head_lr=1e-4")
+    warmed = update(harness_model, tmp_path / "warmed.pt", "online", "head_lr=1e-4", "head_warmup=3")
     half = update(harness_model, tmp_path / "half.pt", "online", "fraction=0.5")
     distill = update(harness_model, tmp_path / "distill.pt", "online", "objective=distill", "temperature=0.7")
     start = load_file(harness_model / "model.safetensors")
@@ -58,6 +59,12 @@ def test_the_policy_update_on_verl_fsdp_is_unchanged_by_the_online_head(harness_
         for run, r in (("actor lr", online), ("head lr", head_lr))
     }
     assert 0.5e-2 < moved["actor lr"] < 2e-2 and 0.5e-4 < moved["head lr"] < 2e-4, moved
+    # spec.mtp.lr_warmup_steps (override_optimizer_config.mtp_lr_warmup_steps): the first step at a quarter of that
+    # rate after a 3-step warm-up, the policy as without it
+    for name in policy:
+        assert torch.equal(warmed["params"][name], online["params"][name]), name
+    warmed_moved = max((warmed["params"][n] - start[n].float()).abs().max().item() for n in head)
+    assert 0.2 < warmed_moved / moved["head lr"] < 0.3, (warmed_moved, moved)
 
     # spec.mtp.loss_sequence_fraction (the HF config's mtp_loss_sequence_fraction): the head's loss from half the sequences,
     # another value and another step, the policy's unchanged

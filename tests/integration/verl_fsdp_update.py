@@ -1,9 +1,10 @@
 """One DAPO update on veRL's FSDP2 engine (the actor's, as the veRL backend builds it), run in a fresh process:
 ``python tests/integration/verl_fsdp_update.py CHECKPOINT OUT.pt online|frozen [joint] [head_lr=LR] [fraction=F]
-[objective=O] [temperature=T]`` saves the parameters
+[head_warmup=W] [objective=O] [temperature=T]`` saves the parameters
 after one update of a fixed batch, with the MTP head trained online or not. ``joint`` clips the head with the policy (the
 bug the engine's separate clipping prevents), for the test that this would show; ``head_lr`` gives the head its own
-learning rate as the recipe passes ``spec.mtp.lr`` to veRL (the actor's is 1e-2); ``fraction`` trains the head on that share
+learning rate as the recipe passes ``spec.mtp.lr`` to veRL (the actor's is 1e-2), ``head_warmup`` its warm-up
+(``spec.mtp.lr_warmup_steps``); ``fraction`` trains the head on that share
 of the sequences (``spec.mtp.loss_sequence_fraction``); ``objective`` is ``spec.mtp.objective``; ``temperature`` the
 rollout's (1.0)."""
 
@@ -66,13 +67,14 @@ def main(checkpoint: str, out: str, train: str, *options: str) -> None:
     from verl.workers.utils.losses import ppo_loss
 
     import mtp.verl_fsdp as verl_fsdp
-    from mtp import MTP_LR_KEY
+    from mtp import MTP_LR_KEY, MTP_LR_WARMUP_KEY
 
     head_lrs = [float(o.removeprefix("head_lr=")) for o in options if o.startswith("head_lr=")]
     fractions = [float(o.removeprefix("fraction=")) for o in options if o.startswith("fraction=")]
     objectives = [o.removeprefix("objective=") for o in options if o.startswith("objective=")]
     temperatures = [float(o.removeprefix("temperature=")) for o in options if o.startswith("temperature=")]
-    extra = {MTP_LR_KEY: head_lrs[-1]} if head_lrs else None
+    warmups = [int(o.removeprefix("head_warmup=")) for o in options if o.startswith("head_warmup=")]
+    extra = {MTP_LR_KEY: head_lrs[-1], **({MTP_LR_WARMUP_KEY: warmups[-1]} if warmups else {})} if head_lrs else None
     if "joint" in options:  # the head's gradients clipped under the policy's norm
         verl_fsdp.MTPTrainingFSDPEngine.optimizer_step = verl_fsdp.FSDPEngineWithLMHead.optimizer_step
     engine = verl_fsdp.cpu_actor_engine(

@@ -157,6 +157,23 @@ def test_spec_mtp_lr_reaches_verls_optimizer_for_an_online_head_only():
         validate(config(*MEGATRON_MTP, "spec.mtp.lr=0.001"))
 
 
+def test_spec_mtp_lr_warmup_steps_travels_beside_the_heads_rate_and_is_checked():
+    """The head's warm-up ramps its own rate, so it needs one (spec.mtp.lr) and travels beside it to mtp/verl_fsdp.py;
+    a negative or fractional count, or a Megatron actor (its own optimizer), is refused naming the key."""
+    from mtp import MTP_LR_WARMUP_KEY
+    from recipe.dapo.config import spec_overrides
+
+    key = f"+actor_rollout_ref.actor.optim.override_optimizer_config.{MTP_LR_WARMUP_KEY}"
+    assert spec_overrides(config("spec=mtp", "spec.mtp.lr=0.001", "spec.mtp.lr_warmup_steps=4").spec)[key] == 4
+    validate(config("spec=mtp", "spec.mtp.lr=0.001", "spec.mtp.lr_warmup_steps=4"))
+    for bad in (("spec.mtp.lr_warmup_steps=-1", "spec.mtp.lr=0.001"), ("spec.mtp.lr_warmup_steps=1.5",
+                "spec.mtp.lr=0.001"), ("spec.mtp.lr_warmup_steps=4",)):  # fmt: skip
+        with pytest.raises(ConfigError, match=r"spec\.mtp\.lr_warmup_steps"):
+            validate(config("spec=mtp", *bad))
+    with pytest.raises(ConfigError, match=r"spec\.mtp\.lr_warmup_steps.*Megatron"):
+        validate(config(*MEGATRON_MTP, "spec.mtp.lr=0.001", "spec.mtp.lr_warmup_steps=4"))
+
+
 def test_spec_mtp_loss_sequence_fraction_reaches_the_fsdp_actors_model_config_and_is_checked():
     """The share of positions the online MTP loss trains on travels in the actor's HF config (veRL's override_config),
     where mtp/verl_fsdp.py's model reads it; outside (0, 1], or below 1 on a Megatron actor, it is refused."""

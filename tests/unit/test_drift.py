@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from test_mtp import tiny_model
 
-from mtp.checkpoint import load_checkpoint, save_checkpoint
+from mtp.checkpoint import load_checkpoint, save_checkpoint, with_start_head
 from recipe.dapo.drift import CHUNK_TOKENS, DriftProbe, load_or_sample_probe
 
 TEMPERATURE = 0.7
@@ -124,9 +124,7 @@ def test_the_start_head_swapped_onto_a_policy_checkpoint_drafts_as_the_probe_sco
     policy_dir = save_checkpoint(policy, tokenizer, tmp_path / "policy", dtype=torch.float32)
     probe = DriftProbe(copy.deepcopy(start), probe_sequences(), TEMPERATURE)
     on_policy = probe.measure(load_checkpoint(policy_dir))
-    swapped = frozen_head_drift.with_start_head(
-        load_checkpoint(policy_dir), policy_dir, start.model.mtp_layers, tmp_path / "swapped"
-    )
+    swapped = with_start_head(load_checkpoint(policy_dir), policy_dir, start.model.mtp_layers, tmp_path / "swapped")
     on_swapped = probe.measure(load_checkpoint(swapped))
     assert abs(on_swapped["drift/kl_from_start"] - on_policy["drift/kl_from_start"]) < 1e-7
     for metric in ("mtp_accept", "mtp_top1", "mtp_accept_sampled"):

@@ -2,12 +2,15 @@
 and distillation (or the acceptance objective) moves the head's draft towards the target's own distribution of token
 t+2."""
 
+import copy
+
 import numpy as np
 import pytest
 import torch
 
 from mtp.checkpoint import load_checkpoint, save_checkpoint
-from mtp.head_training import train_head
+from mtp.head_training import cache_trunk, draft_and_target, held_out_acceptance, train_head
+from mtp.loss import expected_acceptance
 from mtp.model import MiMoConfig, MiMoForCausalLM
 from recipe.sft.train import TokenizedExample
 
@@ -54,3 +57,34 @@ def test_the_head_alone_trains_towards_the_targets_distribution(checkpoint, tmp_
 def test_an_unknown_objective_is_named(checkpoint, tmp_path):
     with pytest.raises(ValueError, match="objective='kl'"):
         train_head(checkpoint, samples(10), tmp_path / "x", objective="kl", progress=False)
+
+
+def test_held_out_acceptance_pools_positions_and_leaves_each_responses_last_target_out_of_earned(checkpoint, tmp_path):
+    """The scores that compare heads on one text: packed several sequences to a pack, they must equal a sequence-by-
+    sequence oracle, and the earned reading must leave out exactly the draft of each response's last token."""
+    model = load_checkpoint(checkpoint)
+    other = copy.deepcopy(model.model.mtp_layers)
+    with torch.no_grad():
+        for i, p in enumerate(other.parameters()):
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(i)))
+    heads = {"own": model.model.mtp_layers, "other": other}
+    rng = np.random.default_rng(1)
+    data = []
+    for length in (9, 14, 23, 31, 40):  # responses of different lengths, after 6-token prompts
+        ids = rng.integers(0, model.config.vocab_size, 6 + length)
+        data.append(TokenizedExample(ids, np.r_[np.zeros(6, dtype=np.int64), np.ones(length, dtype=np.int64)]))
+    scores = held_out_acceptance(model, heads, data, tokens_per_pack=64)
+    head = model.lm_head.weight.detach().float()
+    for name, layers in heads.items():
+        accepted, earned = [], []
+        for sample in data:
+            (c,) = cache_trunk(model, [[sample]], progress=False)
+            with torch.no_grad():
+                per_position = expected_acceptance(*draft_and_target(model, layers, head, c))
+            # drafts of response tokens 2..L (the prefill step drafts the second), the last of them earning nothing
+            assert per_position.numel() == int(sample.response_mask.sum()) - 1
+            accepted += per_position.tolist()
+            earned += per_position[:-1].tolist()
+        assert scores[name]["accepted"] == pytest.approx(np.mean(accepted), abs=1e-6)
+        assert scores[name]["earned"] == pytest.approx(np.mean(earned), abs=1e-6)
+    assert abs(scores["own"]["earned"] - scores["other"]["earned"]) > 1e-3

@@ -417,6 +417,56 @@ def test_spec_mtp_lr_sets_the_heads_step_and_leaves_the_policys():
             assert torch.equal(after["0.01"][name], value), name
 
 
+def test_the_heads_warm_up_ramps_its_group_alone_on_top_of_verls_schedule():
+    """mtp.warm_up_group on veRL's schedules (what both backends build): the head's group runs at (k + 1) / (w + 1) of
+    its rate for the first w steps, times the shared schedule, and the trunk's group follows the schedule alone."""
+    from omegaconf import OmegaConf
+
+    from mtp import warm_up_group
+    from recipe.dapo.policy import verl_lr_scheduler
+
+    trunk, head = torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(2))
+    for kind, shared in (("constant", [1.0] * 6), ("cosine", None)):
+        optim = OmegaConf.create(
+            {"total_training_steps": 6, "lr_warmup_steps": 0, "lr_warmup_steps_ratio": 0.0, "lr_scheduler_type": kind,
+             "min_lr_ratio": 0.0, "num_cycles": 0.5, "zero_indexed_step": True}
+        )  # fmt: skip
+        opt = torch.optim.AdamW([{"params": [trunk]}, {"params": [head], "lr": 1e-2}], lr=1e-3)
+        scheduler = verl_lr_scheduler(opt, optim, 6)
+        warm_up_group(scheduler, 1, 3)
+        trunk_lrs, head_lrs = [], []
+        for _ in range(6):
+            trunk_lrs.append(opt.param_groups[0]["lr"])
+            head_lrs.append(opt.param_groups[1]["lr"])
+            opt.step()
+            scheduler.step()
+        factors = shared or [lr / 1e-3 for lr in trunk_lrs]
+        assert trunk_lrs == pytest.approx([1e-3 * f for f in factors])
+        ramp = [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+        assert head_lrs == pytest.approx([1e-2 * f * r for f, r in zip(factors, ramp, strict=True)])
+
+
+def test_spec_mtp_lr_warmup_steps_shrinks_the_heads_first_step_and_leaves_the_policys():
+    """On the local trainer a 3-step warm-up makes the head's first update a quarter of spec.mtp.lr's (AdamW's first
+    steps scale with the rate), while the policy ends exactly where it ends without the warm-up."""
+    batch = two_group_batch()
+    base = tiny_model(False)
+    after = {}
+    for warmup in (0, 3):
+        overrides = (*UPDATE_OVERRIDES, "spec.mtp.lr=0.01", f"spec.mtp.lr_warmup_steps={warmup}")
+        actor = dapo_actor(copy.deepcopy(base), "online", *overrides)
+        actor.update(copy.deepcopy(batch), {})
+        after[warmup] = actor.policy.state_dict()
+    moved = {
+        w: max((after[w][n] - v).abs().max().item() for n, v in base.state_dict().items() if "mtp_layers" in n)
+        for w in after
+    }
+    assert 0.2 < moved[3] / moved[0] < 0.3, moved
+    for name, value in after[0].items():
+        if "mtp_layers" not in name:
+            assert torch.equal(after[3][name], value), name
+
+
 def test_sampled_sequences_keep_all_positions_of_a_random_share_of_the_sequences_with_an_unbiased_mean():
     """``spec.mtp.loss_sequence_fraction``: each draw keeps every position of ceil(fraction * n) of the n sequences
     that hold any, in order (the MTP layer indexes its rows by them), different draws keep different sequences, and
