@@ -58,9 +58,21 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", help="sampling engine and trunk dtype (the experiment's)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "results" / "real" / "head_refit_gap")
+    parser.add_argument(
+        "--start-row", type=Path,
+        help="an earlier head_refit_gap.json of the same --start and settings: its start row is taken, not re-measured "
+        "(the start's long responses make it the slowest policy)",
+    )  # fmt: skip
     args = parser.parse_args()
     if not (args.start / "config.json").is_file():
         parser.error(f"--start {args.start}: holds no config.json (a checkpoint directory)")
+    reused = []
+    if args.start_row:
+        if not args.start_row.is_file():
+            parser.error(f"--start-row {args.start_row}: no such file")
+        reused = [r for r in json.loads(args.start_row.read_text())["rows"] if r["policy"] == "start"]
+        if not reused or reused[0]["checkpoint"] != str(args.start):
+            parser.error(f"--start-row {args.start_row}: holds no start row measured on --start {args.start}")
 
     import torch
 
@@ -77,9 +89,9 @@ def main() -> None:
     train_prompts = train_prompts[args.first_prompt :]
     eval_prompts = held_out_prompts(args.start, args.eval_prompts)
     args.out.mkdir(parents=True, exist_ok=True)
-    rows = []
+    rows = list(reused)
     # the start last: its long responses make it the slowest, and the policies check the pipeline first
-    for label, path in [*args.policy, ("start", args.start)]:
+    for label, path in [*args.policy, *([] if reused else [("start", args.start)])]:
         t0 = time.time()
         policy = load_checkpoint(path, dtype)
         own = copy.deepcopy(policy.model.mtp_layers)
