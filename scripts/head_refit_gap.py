@@ -42,7 +42,9 @@ HEADS = ("start", "own", "refit")  # the frozen head, the policy's own (online) 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--start", type=Path, required=True, help="the starting checkpoint, with the frozen head")
+    parser.add_argument(
+        "--start", type=Path, help="the starting checkpoint, with the frozen head (required to measure)"
+    )
     parser.add_argument("--policy", type=labelled_checkpoint, action="append", default=[], help="LABEL=CHECKPOINT_DIR")
     parser.add_argument("--train-prompts", type=int, default=128, help="train prompts the refit's data is sampled on")
     parser.add_argument(
@@ -63,7 +65,13 @@ def main() -> None:
         help="an earlier head_refit_gap.json of the same --start and settings: its start row is taken, not re-measured "
         "(the start's long responses make it the slowest policy)",
     )  # fmt: skip
+    parser.add_argument("--report-only", action="store_true", help="re-write the .md from <out>/head_refit_gap.json")
     args = parser.parse_args()
+    if args.report_only:
+        write_report(json.loads((args.out / "head_refit_gap.json").read_text()), args.out)
+        return
+    if args.start is None:
+        parser.error("--start is required: the starting checkpoint, with the frozen head")
     if not (args.start / "config.json").is_file():
         parser.error(f"--start {args.start}: holds no config.json (a checkpoint directory)")
     reused = []
@@ -120,43 +128,44 @@ def main() -> None:
         }
         rows.append(row)
         print(json.dumps(row), flush=True)
-        report = {"command": shlex.join(sys.argv[1:]), "rows": rows}  # written after every policy: nothing lost
+        settings = {k: v for k, v in vars(args).items() if isinstance(v, int | float) and not isinstance(v, bool)}
+        report = {"command": shlex.join(sys.argv[1:]), "settings": settings, "rows": rows}
+        # written after every policy: nothing lost
         (args.out / "head_refit_gap.json").write_text(json.dumps(report, indent=1))
-    write_report(rows, args)
+    write_report(report, args.out)
 
 
-def write_report(rows: list[dict], args: argparse.Namespace) -> None:
-    """The table: each head's earned acceptance and its fit (over the refit head's), with the start's fit as the
-    baseline the online head's is read against."""
-    command = shlex.join(["python", "scripts/head_refit_gap.py", *sys.argv[1:]])
+def write_report(report: dict, out: Path) -> None:
+    """``head_refit_gap.md``: each head's earned acceptance and its fit (over the refit head's), each fit's change
+    against the start's, which is the baseline both heads are read against."""
+    rows, settings = report["rows"], report["settings"]
     first = next(row for row in rows if row["policy"] == "start")
-    base = {head: first[f"{head}_earned"] / first["refit_earned"] for head in HEADS}
+    fit = [{head: row[f"{head}_earned"] / row["refit_earned"] for head in HEADS} for row in rows]
+    base = fit[rows.index(first)]
     lines = [
-        f"Produced by `{command}`.",
+        f"Produced by `python scripts/head_refit_gap.py {report['command']}`.",
         "",
         "Expected acceptance of one probabilistic draft, `sum(min(p, q))` under the policy's own distribution at T=1, on "
-        f"{args.eval_prompts} held-out prompts x {args.eval_n} responses the policy sampled itself, over the drafts that "
-        "can earn a token (a response's last token left out; all drafts in brackets). Heads: start = the starting head "
-        "(what a frozen-head run drafts with); own = the checkpoint's own head (an online run's); refit = the starting "
-        f"head fine-tuned on the policy's trunk on {args.train_prompts} x {args.n} of its responses to train prompts "
-        f"({args.epochs} epochs of the acceptance objective at {args.lr}). Fit = a head's acceptance over the refit "
-        "head's; its change is against the start's fit.",
+        f"{settings['eval_prompts']} held-out prompts x {settings['eval_n']} responses the policy sampled itself, over "
+        "the drafts that can earn a token (a response's last token left out; all drafts in brackets). Heads: start = "
+        "the starting head (what a frozen-head run drafts with); own = the checkpoint's own head (an online run's); "
+        f"refit = the starting head fine-tuned on the policy's trunk on {settings['train_prompts']} x {settings['n']} "
+        f"of its responses to train prompts ({settings['epochs']} epochs of the acceptance objective at "
+        f"{settings['lr']:g}). Fit = a head's acceptance over the refit head's, and its change from the start's fit.",
         "",
-        "| policy | train response tokens | start head | own head | refit head | start fit | own fit | own fit vs start's |",
-        "|---|---|---|---|---|---|---|---|",
+        "| policy | train response tokens | start head | own head | refit head | start head's fit | own head's fit |",
+        "|---|---|---|---|---|---|---|",
     ]
-    for row in [first, *(row for row in rows if row is not first)]:
-        fit = {head: row[f"{head}_earned"] / row["refit_earned"] for head in HEADS}
+    for i in sorted(range(len(rows)), key=lambda i: rows[i] is not first):  # the start, then in the order measured
+        row = rows[i]
         cells = [
             row["policy"],
             str(row["train_response_tokens"]),
             *(f"{row[f'{head}_earned']:.3f} ({row[f'{head}_accepted']:.3f})" for head in HEADS),
-            f"{fit['start']:.3f}",
-            f"{fit['own']:.3f}",
-            f"{fit['own'] / base['own'] - 1:+.1%}",
+            *(f"{fit[i][head]:.3f} ({fit[i][head] / base[head] - 1:+.1%})" for head in ("start", "own")),
         ]
         lines.append("| " + " | ".join(cells) + " |")
-    (args.out / "head_refit_gap.md").write_text("\n".join(lines) + "\n")
+    (out / "head_refit_gap.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
