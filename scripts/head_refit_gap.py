@@ -74,13 +74,21 @@ def main() -> None:
         parser.error("--start is required: the starting checkpoint, with the frozen head")
     if not (args.start / "config.json").is_file():
         parser.error(f"--start {args.start}: holds no config.json (a checkpoint directory)")
+    # the settings a start row must share to be reused: every number the measurement depends on
+    settings = {k: v for k, v in vars(args).items() if isinstance(v, int | float) and not isinstance(v, bool)}
+    settings["dtype"] = args.dtype
     reused = []
     if args.start_row:
         if not args.start_row.is_file():
             parser.error(f"--start-row {args.start_row}: no such file")
-        reused = [r for r in json.loads(args.start_row.read_text())["rows"] if r["policy"] == "start"]
+        if not args.policy:
+            parser.error("--start-row without --policy: nothing left to measure")
+        earlier = json.loads(args.start_row.read_text())
+        reused = [r for r in earlier["rows"] if r["policy"] == "start"]
         if not reused or reused[0]["checkpoint"] != str(args.start):
             parser.error(f"--start-row {args.start_row}: holds no start row measured on --start {args.start}")
+        if earlier.get("settings") != settings:
+            parser.error(f"--start-row {args.start_row}: measured with {earlier.get('settings')}, not {settings}")
 
     import torch
 
@@ -128,7 +136,6 @@ def main() -> None:
         }
         rows.append(row)
         print(json.dumps(row), flush=True)
-        settings = {k: v for k, v in vars(args).items() if isinstance(v, int | float) and not isinstance(v, bool)}
         report = {"command": shlex.join(sys.argv[1:]), "settings": settings, "rows": rows}
         # written after every policy: nothing lost
         (args.out / "head_refit_gap.json").write_text(json.dumps(report, indent=1))
