@@ -59,7 +59,7 @@ def test_an_unknown_objective_is_named(checkpoint, tmp_path):
         train_head(checkpoint, samples(10), tmp_path / "x", objective="kl", progress=False)
 
 
-def test_held_out_acceptance_pools_positions_and_leaves_each_responses_last_target_out_of_earned(checkpoint, tmp_path):
+def test_held_out_acceptance_pools_positions_and_leaves_each_responses_last_target_out_of_earned(checkpoint):
     """The scores that compare heads on one text: packed several sequences to a pack, they must equal a sequence-by-
     sequence oracle, and the earned reading must leave out exactly the draft of each response's last token."""
     model = load_checkpoint(checkpoint)
