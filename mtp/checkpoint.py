@@ -13,6 +13,7 @@ ours (a space kept with the digit after it). In a directory without ``config.jso
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -163,8 +164,6 @@ def load_checkpoint(path: str | Path, dtype: torch.dtype = torch.float32) -> MiM
 
 def labelled_checkpoint(text: str) -> tuple[str, Path]:
     """An argparse type for ``LABEL=CHECKPOINT_DIR`` (the policies the head scripts compare), naming a bad value."""
-    import argparse
-
     label, sep, path = text.partition("=")
     if not sep or not label or not path:
         raise argparse.ArgumentTypeError(f"--policy {text!r}: expected LABEL=CHECKPOINT_DIR")

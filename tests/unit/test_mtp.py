@@ -394,6 +394,11 @@ def test_online_mtp_leaves_the_policys_update_exactly_as_a_frozen_head_does(tie,
     assert online["actor/grad_norm"] == metrics["frozen"]["actor/grad_norm"]
 
 
+def head_step(base: torch.nn.Module, after: dict[str, torch.Tensor]) -> float:
+    """The largest move of any MTP head weight from ``base`` to the state ``after`` an update."""
+    return max((after[n] - v).abs().max().item() for n, v in base.state_dict().items() if "mtp_layers" in n)
+
+
 def test_spec_mtp_lr_sets_the_heads_step_and_leaves_the_policys():
     """``spec.mtp.lr``: the MTP layer's own AdamW rate. Two optimizer steps from fresh moments move a parameter by
     about its rate per step (AdamW's first steps are near lr * sign(grad)), so the head moves on the scale of
@@ -406,10 +411,7 @@ def test_spec_mtp_lr_sets_the_heads_step_and_leaves_the_policys():
         actor = dapo_actor(copy.deepcopy(base), "online", *UPDATE_OVERRIDES, f"spec.mtp.lr={head_lr}")
         actor.update(copy.deepcopy(batch), {})
         after[head_lr] = actor.policy.state_dict()
-    moved = {
-        lr: max((after[lr][n] - v).abs().max().item() for n, v in base.state_dict().items() if "mtp_layers" in n)
-        for lr in after
-    }
+    moved = {lr: head_step(base, state) for lr, state in after.items()}
     assert 0.5 * 0.01 < moved["0.01"] < 3 * 0.01, moved
     assert 0.5 * 1e-5 < moved["null"] < 3 * 1e-5, moved
     for name, value in after["null"].items():
@@ -457,10 +459,7 @@ def test_spec_mtp_lr_warmup_steps_shrinks_the_heads_first_step_and_leaves_the_po
         actor = dapo_actor(copy.deepcopy(base), "online", *overrides)
         actor.update(copy.deepcopy(batch), {})
         after[warmup] = actor.policy.state_dict()
-    moved = {
-        w: max((after[w][n] - v).abs().max().item() for n, v in base.state_dict().items() if "mtp_layers" in n)
-        for w in after
-    }
+    moved = {w: head_step(base, state) for w, state in after.items()}
     assert 0.2 < moved[3] / moved[0] < 0.3, moved
     for name, value in after[0].items():
         if "mtp_layers" not in name:
