@@ -99,6 +99,18 @@ def validate(cfg: DictConfig) -> None:
             "is for the local backend and veRL's FSDP actor (mtp/verl_fsdp.py); a Megatron actor trains the head with "
             "its own optimizer: leave it 0",
         )
+        dropped = bool(spec.mtp.train_on_dropped_groups)
+        _require(
+            not dropped or spec.mtp.train == "online",
+            "spec.mtp.train_on_dropped_groups",
+            f"trains the head: it needs spec.mtp.train=online, got {spec.mtp.train!r}",
+        )
+        _require(
+            not dropped or cfg.backend == "local",
+            "spec.mtp.train_on_dropped_groups",
+            "is the local backend's: veRL's trainer drops the filtered groups inside its fit loop, before the actor "
+            "sees them; leave it false on backend=verl",
+        )
         _require(
             spec.mtp.lr is None or spec.mtp.train != "online" or not megatron,
             "spec.mtp.lr",

@@ -137,6 +137,23 @@ def forward_rows(
     )
 
 
+def head_loss_rows(
+    model: MiMoForCausalLM, batch, temperature: float, mtp_fraction: float, mtp_objective: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The online MTP loss of :func:`forward_rows` (and its top-1 accuracy) on rows the policy does not train on: the
+    trunk runs without autograd and the LM head only where the loss reads its teacher, so a row costs a no-grad trunk
+    forward plus the head's forward and backward."""
+    rows = pack_rows(batch)
+    every_target, trained = mtp_targets(rows.input_ids, rows.response_mask, rows.cu_seqlens, depth=0)
+    mtp_positions = sample_sequences(trained.nonzero().squeeze(-1), rows.cu_seqlens, mtp_fraction)
+    out = model(
+        rows.input_ids, rows.cu_seqlens, with_mtp=True, mtp_positions=mtp_positions, train_trunk=False,
+        logit_positions=mtp_positions + 1,
+    )  # fmt: skip
+    teacher = out.logits.float() / temperature if mtp_objective != "sampled" else None
+    return mtp_loss(mtp_objective, out.mtp_logits[0] / temperature, every_target[mtp_positions], teacher)
+
+
 def verl_lr_scheduler(
     optimizer: torch.optim.Optimizer, optim: DictConfig, run_steps: int
 ) -> torch.optim.lr_scheduler.LambdaLR:
@@ -176,6 +193,7 @@ class Actor:
         self.cfg = cfg
         self.spec_method = str(cfg.spec.method)
         self.mtp_online = self.spec_method == "mtp" and cfg.spec.mtp.train == "online"
+        self.head_trains_on_dropped = self.mtp_online and bool(cfg.spec.mtp.train_on_dropped_groups)
         # only spec=mtp configs carry spec.mtp (a frozen head logs its loss under the same objective)
         self.mtp_objective = str(cfg.spec.mtp.objective) if self.spec_method == "mtp" else "sampled"
         self.policy = policy.train()
@@ -225,6 +243,37 @@ class Actor:
             loss_agg_mode=self.actor_cfg.loss_agg_mode,
             config=self.actor_cfg,
         )
+
+    def train_head(self, batch, timing: dict[str, float]) -> dict[str, float]:
+        """Head-only AdamW steps on responses the policy's update leaves out (``spec.mtp.train_on_dropped_groups``: the
+        groups dynamic filtering dropped), one per ppo mini-batch of rows with the update's loss, scale, fraction and
+        clipping. The policy's parameters get no gradient here, so AdamW's step moves the head alone; the learning-rate
+        schedule is stepped by :meth:`update` only."""
+        cfg = self.cfg
+        actor = cfg.actor_rollout_ref.actor
+        temperature = cfg.actor_rollout_ref.rollout.temperature
+        micro = actor.ppo_micro_batch_size_per_gpu
+        mini_rows = actor.ppo_mini_batch_size * cfg.actor_rollout_ref.rollout.n
+        fraction = float(cfg.spec.mtp.loss_sequence_fraction)
+        sums: dict[str, list[float]] = {}
+        with timed(timing, "mtp_dropped_groups"):
+            for m0 in range(0, len(batch), mini_rows):
+                mini = batch[m0 : m0 + mini_rows]
+                tokens = int(mini.batch["response_mask"].sum())
+                self.optimizer.zero_grad(set_to_none=True)
+                for u0 in range(0, len(mini), micro):
+                    mb = mini[u0 : u0 + micro]
+                    loss, acc = head_loss_rows(self.policy, mb, temperature, fraction, self.mtp_objective)
+                    share = float(mb.batch["response_mask"].sum()) / max(1, tokens)
+                    (cfg.spec.mtp.loss_scaling_factor * loss * share).backward()
+                    sums.setdefault("mtp/dropped_head_loss", []).append(loss.item())
+                    sums.setdefault("mtp/dropped_head_acc", []).append(acc.item())
+                norm = torch.nn.utils.clip_grad_norm_(self.mtp_params, actor.grad_clip)
+                sums.setdefault("mtp/dropped_grad_norm", []).append(float(norm))
+                self.optimizer.step()
+        metrics = {k: float(np.mean(v)) for k, v in sums.items()}
+        metrics["mtp/dropped_responses"] = float(len(batch))
+        return metrics
 
     def update(self, batch, timing: dict[str, float]) -> dict[str, float]:
         """GRPO advantage + DAPO policy loss (+ online MTP loss), one pass of mini-batches per ppo epoch."""

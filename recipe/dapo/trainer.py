@@ -172,8 +172,10 @@ class DAPOTrainer:
 
     # -- one step -------------------------------------------------------------------------------------
 
-    def collect(self, timing: dict[str, float]) -> tuple[object, dict[str, float]]:
-        """Generation rounds with DAPO dynamic filtering until ``train_batch_size`` groups are kept."""
+    def collect(self, timing: dict[str, float]) -> tuple[object, object, dict[str, float]]:
+        """Generation rounds with DAPO dynamic filtering until ``train_batch_size`` groups are kept. Returns the kept
+        batch, the responses it leaves out (the dropped groups and any kept beyond ``train_batch_size``; None if none),
+        and the rounds' metrics."""
         from verl import DataProto
 
         cfg = self.cfg
@@ -181,7 +183,7 @@ class DAPOTrainer:
         n = cfg.actor_rollout_ref.rollout.n
         want = cfg.data.train_batch_size
         metric = str(fg.metric)
-        kept_batch, kept = None, 0
+        kept_batch, kept, left_out = None, 0, []
         rounds: list[dict] = []
         scores_all = []
         while True:
@@ -209,6 +211,9 @@ class DAPOTrainer:
             tl = result.timeline.summary(int(self.options.long_tail_threshold))
             rounds.append({"gen_s": gen_s, "kept": len(keep), "groups": len(problems), **tl})
             self._save_timeline(result.timeline, r)
+            dropped = [uid for uid in uids if uid not in set(keep)]
+            if dropped:
+                left_out.append(select_groups(batch, dropped))
             if keep:
                 batch = select_groups(batch, keep)
                 kept_batch = batch if kept_batch is None else DataProto.concat([kept_batch, batch])
@@ -230,9 +235,10 @@ class DAPOTrainer:
                 )
                 break
         if kept_batch is not None and kept > want:
+            left_out.append(kept_batch[want * n :])
             kept_batch = kept_batch[: want * n]
         stats = self._round_metrics(rounds, np.concatenate(scores_all))
-        return kept_batch, stats
+        return kept_batch, DataProto.concat(left_out) if left_out else None, stats
 
     def _save_timeline(self, timeline, round_index: int) -> None:
         folder = self.out_dir / "timelines"
@@ -353,7 +359,7 @@ class DAPOTrainer:
             timing: dict[str, float] = {}
             metrics: dict[str, float] = {}
             with timed(timing, "step"):
-                batch, round_metrics = self.collect(timing)
+                batch, left_out, round_metrics = self.collect(timing)
                 metrics.update(round_metrics)
                 if batch is None:
                     warnings.warn(
@@ -363,6 +369,8 @@ class DAPOTrainer:
                     )
                 else:
                     self.engine.sleep()
+                    if left_out is not None and self.actor.head_trains_on_dropped:
+                        metrics.update(self.actor.train_head(left_out, timing))
                     metrics.update(self.actor.update(batch, timing))
                     self.engine.wake_up()
                     with timed(timing, "update_weights"):

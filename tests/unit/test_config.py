@@ -190,6 +190,17 @@ def test_spec_mtp_loss_sequence_fraction_reaches_the_fsdp_actors_model_config_an
         validate(config(*MEGATRON_MTP, "spec.mtp.loss_sequence_fraction=0.5"))
 
 
+def test_spec_mtp_train_on_dropped_groups_is_refused_for_a_frozen_head_and_on_verl():
+    """The head's steps on the groups dynamic filtering dropped run in the local trainer, which holds those groups:
+    with a frozen head, or on backend=verl (whose trainer drops them before its actor sees them), the key is refused
+    at start, named."""
+    validate(config("spec=mtp", "spec.mtp.train_on_dropped_groups=true"))
+    with pytest.raises(ConfigError, match=r"spec\.mtp\.train_on_dropped_groups.*online"):
+        validate(config("spec=mtp", "spec.mtp.train=frozen", "spec.mtp.train_on_dropped_groups=true"))
+    with pytest.raises(ConfigError, match=r"spec\.mtp\.train_on_dropped_groups.*backend=verl"):
+        validate(config("backend=verl", "spec=mtp", "spec.mtp.train_on_dropped_groups=true"))
+
+
 def test_spec_mtp_objective_reaches_the_fsdp_actors_model_config_and_is_checked():
     """What the online MTP loss matches travels in the actor's HF config like the sequence share; a value the loss
     does not know, or distill / acceptance on a Megatron actor (whose head trains on the sampled token), is refused

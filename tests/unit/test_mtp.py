@@ -466,6 +466,65 @@ def test_spec_mtp_lr_warmup_steps_shrinks_the_heads_first_step_and_leaves_the_po
             assert torch.equal(after[3][name], value), name
 
 
+@pytest.mark.parametrize("objective", ["sampled", "distill", "acceptance"])
+def test_the_head_only_loss_equals_the_updates_mtp_loss_without_a_trunk_graph(objective):
+    """``head_loss_rows`` (the head trained on rows the policy does not train on) is the loss and the head gradient of
+    the update's forward on the same rows, its LM head run only at the teacher's positions, and the trunk builds no
+    autograd graph (fails if the teacher or the targets shift by a position, or if the trunk still records its
+    activations)."""
+    from recipe.dapo.policy import forward_rows, head_loss_rows, pack_rows
+
+    batch = two_group_batch()
+    model = tiny_model(False)
+    head = [n for n, _ in model.named_parameters() if n.startswith("model.mtp_layers.")]
+    results = {}
+    for name, run in (
+        ("update", lambda: forward_rows(model, batch, 0.7, with_mtp=True, mtp_objective=objective)),
+        ("head only", lambda: head_loss_rows(model, batch, 0.7, 1.0, objective)),
+    ):
+        model.zero_grad(set_to_none=True)
+        out = run()
+        loss = out.mtp_loss if name == "update" else out[0]
+        loss.backward()
+        results[name] = (loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if n in head})
+    torch.testing.assert_close(results["head only"][0], results["update"][0], rtol=1e-5, atol=1e-6)
+    for name, grad in results["update"][1].items():
+        torch.testing.assert_close(results["head only"][1][name], grad, rtol=1e-4, atol=1e-6, msg=name)
+    rows = pack_rows(batch)
+    positions = torch.tensor([3, 7])
+    out = model(rows.input_ids, rows.cu_seqlens, mtp_positions=positions, train_trunk=False, logit_positions=positions)
+    assert not out.hidden.requires_grad and not out.logits.requires_grad and out.mtp_logits[0].requires_grad
+    torch.testing.assert_close(out.logits, model(rows.input_ids, rows.cu_seqlens, with_mtp=False).logits[positions])
+
+
+def test_head_steps_on_left_out_rows_move_the_head_alone_and_leave_the_policys_update():
+    """``Actor.train_head`` (``spec.mtp.train_on_dropped_groups``): head-only AdamW steps on rows the update leaves
+    out lower the head's loss on them, leave every policy weight and the learning-rate schedule untouched, and the
+    policy's update that follows ends bit for bit where it ends without them (fails if the step moves the policy's
+    group, or if it consumes the policy's AdamW moments or the schedule)."""
+    batch = two_group_batch()
+    base = tiny_model(False)
+    overrides = (*UPDATE_OVERRIDES, "spec.mtp.lr=0.01", "spec.mtp.train_on_dropped_groups=true")
+    actor = dapo_actor(copy.deepcopy(base), "online", *overrides)
+    assert actor.head_trains_on_dropped
+    lr = actor.lr_scheduler.get_last_lr()
+    timing: dict[str, float] = {}
+    losses = [actor.train_head(copy.deepcopy(batch), timing) for _ in range(6)]
+    assert losses[0]["mtp/dropped_responses"] == len(batch) and timing["mtp_dropped_groups"] > 0
+    assert losses[-1]["mtp/dropped_head_loss"] < losses[0]["mtp/dropped_head_loss"] - 0.05, losses
+    assert actor.lr_scheduler.get_last_lr() == lr
+    moved = actor.policy.state_dict()
+    for name, value in base.state_dict().items():
+        assert torch.equal(moved[name], value) != name.startswith("model.mtp_layers."), name
+    actor.update(copy.deepcopy(batch), {})
+    plain = dapo_actor(copy.deepcopy(base), "online", *UPDATE_OVERRIDES, "spec.mtp.lr=0.01")
+    plain.update(copy.deepcopy(batch), {})
+    after, expected = actor.policy.state_dict(), plain.policy.state_dict()
+    for name, value in expected.items():
+        if not name.startswith("model.mtp_layers."):
+            assert torch.equal(after[name], value), name
+
+
 def test_sampled_sequences_keep_all_positions_of_a_random_share_of_the_sequences_with_an_unbiased_mean():
     """``spec.mtp.loss_sequence_fraction``: each draw keeps every position of ceil(fraction * n) of the n sequences
     that hold any, in order (the MTP layer indexes its rows by them), different draws keep different sequences, and
