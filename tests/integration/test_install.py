@@ -75,6 +75,26 @@ def test_lossless_plugin_entry_point_registered():
     assert names.get("spec_rollout_lossless_cpu") == "recipe.lossless:register"
 
 
+def test_vllm_processes_ask_for_amx_tiles_where_the_cpu_has_them():
+    """vLLM CPU's attention uses AMX tiles without asking Linux for them: a bare engine process died of SIGILL in its
+    first forward on an AMX CPU (the engine test above). The plugin that asks is registered for every vLLM process,
+    and on an AMX CPU a fresh process holds no permission before it runs and holds it after."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import pytest
+
+    names = {e.name: e.value for e in entry_points(group="vllm.general_plugins")}
+    assert names.get("spec_rollout_cpu_amx") == "recipe.cpu_amx:register"
+    cpuinfo = Path("/proc/cpuinfo")
+    if not cpuinfo.is_file() or " amx_tile" not in cpuinfo.read_text():
+        pytest.skip("this CPU has no AMX tiles")
+    job = "import recipe.cpu_amx as m; print(m.amx_tiles_permitted()); m.register(); print(m.amx_tiles_permitted())"
+    proc = subprocess.run([sys.executable, "-c", job], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.split() == ["False", "True"], proc.stdout + proc.stderr[-2000:]
+
+
 def test_transferqueue_installs_without_shadowing_this_projects_recipe_package():
     from pathlib import Path
 
