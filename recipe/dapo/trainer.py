@@ -174,8 +174,8 @@ class DAPOTrainer:
 
     def collect(self, timing: dict[str, float]) -> tuple[object, object, dict[str, float]]:
         """Generation rounds with DAPO dynamic filtering until ``train_batch_size`` groups are kept. Returns the kept
-        batch, the responses it leaves out (the dropped groups and any kept beyond ``train_batch_size``; None if none),
-        and the rounds' metrics."""
+        batch, the responses it leaves out when the online head trains on them (``spec.mtp.train_on_dropped_groups``: the
+        dropped groups and any kept beyond ``train_batch_size``; else None), and the rounds' metrics."""
         from verl import DataProto
 
         cfg = self.cfg
@@ -211,9 +211,11 @@ class DAPOTrainer:
             tl = result.timeline.summary(int(self.options.long_tail_threshold))
             rounds.append({"gen_s": gen_s, "kept": len(keep), "groups": len(problems), **tl})
             self._save_timeline(result.timeline, r)
-            dropped = [uid for uid in uids if uid not in set(keep)]
-            if dropped:
-                left_out.append(select_groups(batch, dropped))
+            if self.actor.head_trains_on_dropped:  # the head's data: the groups filtering drops
+                kept_uids = set(keep)
+                dropped = [uid for uid in uids if uid not in kept_uids]
+                if dropped:
+                    left_out.append(select_groups(batch, dropped))
             if keep:
                 batch = select_groups(batch, keep)
                 kept_batch = batch if kept_batch is None else DataProto.concat([kept_batch, batch])
@@ -235,7 +237,8 @@ class DAPOTrainer:
                 )
                 break
         if kept_batch is not None and kept > want:
-            left_out.append(kept_batch[want * n :])
+            if self.actor.head_trains_on_dropped:
+                left_out.append(kept_batch[want * n :])
             kept_batch = kept_batch[: want * n]
         stats = self._round_metrics(rounds, np.concatenate(scores_all))
         return kept_batch, DataProto.concat(left_out) if left_out else None, stats
