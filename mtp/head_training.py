@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from mtp import MTP_OBJECTIVES
 from mtp.checkpoint import load_checkpoint, load_tokenizer, save_checkpoint
-from mtp.loss import expected_acceptance, mtp_targets, objective_loss
+from mtp.loss import draft_vocabulary, expected_acceptance, mtp_loss, mtp_targets, objective_loss
 from mtp.model import packed_positions, rope_cos_sin, run_mtp_layers
 from recipe.dapo.timeline import RolloutTimeline
 from recipe.sft.train import TokenizedExample, pack_batches
@@ -122,19 +122,41 @@ def acceptance_ceiling(model, cached: list[CachedPack]) -> float:
     return total / max(count, 1)
 
 
+def draft_logits(model, layers: torch.nn.ModuleList, head: torch.Tensor, c: CachedPack) -> torch.Tensor:
+    """The MTP ``layers``' logits at the pack's trained positions through the LM head weight ``head`` (its rows for a
+    shortlist of the vocabulary, or all of them)."""
+    cfg = model.config
+    rope = rope_cos_sin(c.positions, cfg.head_dim, cfg.rope_theta)
+    return run_mtp_layers(
+        layers, c.hidden.float(), c.embeds.float(), head, c.cu, c.positions, rope, mtp_positions=c.train_at
+    )[0]
+
+
+@torch.no_grad()
+def target_logits(model, c: CachedPack) -> torch.Tensor:
+    """The frozen target's logits of the token the head drafts at each trained position: its output one position
+    later, from the cached states."""
+    return model.lm_head(model.model.norm(c.hidden[c.train_at + 1])).float()
+
+
 def draft_and_target(
     model, layers: torch.nn.ModuleList, head: torch.Tensor, c: CachedPack
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The MTP ``layers``' logits at the pack's trained positions (LM head weight ``head``) and the frozen target's own
-    distribution of the token they draft there: its output one position later, from the cached states."""
-    cfg = model.config
-    rope = rope_cos_sin(c.positions, cfg.head_dim, cfg.rope_theta)
-    logits = run_mtp_layers(
-        layers, c.hidden.float(), c.embeds.float(), head, c.cu, c.positions, rope, mtp_positions=c.train_at
-    )[0]
-    with torch.no_grad():
-        teacher = torch.softmax(model.lm_head(model.model.norm(c.hidden[c.train_at + 1])).float(), dim=-1)
-    return logits, teacher
+    distribution of the token they draft there."""
+    return draft_logits(model, layers, head, c), torch.softmax(target_logits(model, c), dim=-1)
+
+
+def pack_loss(
+    model, layers: torch.nn.ModuleList, head: torch.Tensor, c: CachedPack, objective: str, vocab_topk: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The online MTP loss of ``objective`` (:func:`mtp.loss.mtp_loss`) and top-1 accuracy at the pack's trained
+    positions, over the whole vocabulary or, with ``vocab_topk``, :func:`mtp.loss.draft_vocabulary`'s shortlist (as
+    ``spec.mtp.loss_vocab_topk`` trains the head during RL)."""
+    policy_next = target_logits(model, c)
+    vocab = draft_vocabulary(policy_next, c.targets, vocab_topk) if vocab_topk else None
+    logits = draft_logits(model, layers, head if vocab is None else head[vocab], c)
+    return mtp_loss(objective, logits, c.targets, policy_next, vocab)
 
 
 def held_out_acceptance(

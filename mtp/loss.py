@@ -108,8 +108,23 @@ def acceptance_loss(
     return -expected_acceptance(logits, teacher_probs).mean(), acc.detach()
 
 
+def draft_vocabulary(policy_logits: torch.Tensor, targets: torch.Tensor, topk: int) -> torch.Tensor:
+    """The token ids an online MTP loss scores with ``spec.mtp.loss_vocab_topk``: the union, over the trained
+    positions, of the policy's ``topk`` likeliest tokens for the drafted token (``policy_logits``, its logits at t+1)
+    and the token sampled there (``targets``), sorted. The head's logits then need the LM head's rows for these alone:
+    over SmolLM2's whole vocabulary (49,152 rows) the head's loss cost several times its MTP layer. A token outside it
+    gets no gradient of its own; one the policy ranks highly anywhere in the micro-batch is scored at every position,
+    so the head's mass on tokens a position's policy does not expect is still pushed down."""
+    top = policy_logits.detach().topk(min(topk, policy_logits.shape[-1]), dim=-1).indices
+    return torch.unique(torch.cat([top.flatten(), targets.to(top.device)]))
+
+
 def mtp_loss(
-    objective: str, logits: torch.Tensor, targets: torch.Tensor, teacher_logits: torch.Tensor | None
+    objective: str,
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    teacher_logits: torch.Tensor | None,
+    vocab: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The online MTP loss and top-1 accuracy at the trained positions: ``sampled``, CE of the sampled token t+2
     (slime's); ``distill``, :func:`distill_ce`, and ``acceptance``, :func:`acceptance_loss`, against
@@ -118,12 +133,18 @@ def mtp_loss(
     Both ``logits`` (the head's) and ``teacher_logits`` come divided by the rollout temperature: vLLM samples a
     probabilistic draft from ``softmax(head logits / T)`` (``compute_probs_and_sample_next_token``), so that is the
     distribution to train, as the drift probe scores it. Raw head logits trained against the tempered policy would
-    be tempered a second time at T != 1."""
+    be tempered a second time at T != 1.
+
+    With ``vocab`` (:func:`draft_vocabulary`) the head's ``logits`` are over those tokens alone and the head's softmax
+    is taken over them; the teacher keeps its whole vocabulary's softmax, read at those tokens."""
     if objective != "sampled" and teacher_logits is None:
         raise ValueError(
             f"spec.mtp.objective={objective} needs the policy's logits one position later (teacher_logits)"
         )
     teacher = None if objective == "sampled" else torch.softmax(teacher_logits.detach().float(), dim=-1)
+    if vocab is not None:
+        teacher = None if teacher is None else teacher[:, vocab]
+        targets = torch.searchsorted(vocab, targets)
     return objective_loss(objective, logits, targets, teacher)
 
 

@@ -214,6 +214,7 @@ class TrunkModel(nn.Module):
 class MiMoOutput:
     logits: torch.Tensor  # [T, V]: next-token logits (or [P, V] at logit_positions)
     hidden: torch.Tensor  # [T, H]: last trunk hidden state before the final norm
+    embeds: torch.Tensor  # [T, H]: the token embeddings (the MTP layers read token t+1's)
     mtp_logits: list[torch.Tensor]  # per MTP layer k: [T, V] (or [P, V] at mtp_positions): t predicts token t+2+k
 
 
@@ -338,13 +339,29 @@ class MiMoForCausalLM(nn.Module):
         with torch.set_grad_enabled(train_trunk and torch.is_grad_enabled()):
             embeds, hidden = self.trunk(input_ids, cos, sin, lengths)
             logits = self.lm_head(self.model.norm(hidden if logit_positions is None else hidden[logit_positions]))
-        mtp_logits = []
+        out = MiMoOutput(logits=logits, hidden=hidden, embeds=embeds, mtp_logits=[])
         if with_mtp:
-            mtp_logits = run_mtp_layers(
-                self.model.mtp_layers, hidden, embeds, self.lm_head.weight, cu_seqlens, positions, (cos, sin),
-                detach_inputs=detach_mtp_inputs, mtp_positions=mtp_positions,
-            )  # fmt: skip
-        return MiMoOutput(logits=logits, hidden=hidden, mtp_logits=mtp_logits)
+            out.mtp_logits = self.draft_logits(out, cu_seqlens, detach_mtp_inputs, mtp_positions)
+        return out
+
+    def draft_logits(
+        self,
+        out: MiMoOutput,
+        cu_seqlens: torch.Tensor,
+        detach_inputs: bool = True,
+        mtp_positions: torch.Tensor | None = None,
+        vocab: torch.Tensor | None = None,
+    ) -> list[torch.Tensor]:
+        """The MTP layers' logits (:func:`run_mtp_layers`) on a trunk forward's ``out``; with ``vocab`` (sorted token
+        ids) only those columns of the LM head: a loss that scores a shortlist of the vocabulary
+        (:func:`mtp.loss.draft_vocabulary`) builds it from that forward's logits, so the head runs after them."""
+        positions = packed_positions(cu_seqlens, out.hidden.shape[0])
+        rope = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta)
+        head = self.lm_head.weight if vocab is None else self.lm_head.weight[vocab]
+        return run_mtp_layers(
+            self.model.mtp_layers, out.hidden, out.embeds, head, cu_seqlens, positions, rope,
+            detach_inputs=detach_inputs, mtp_positions=mtp_positions,
+        )  # fmt: skip
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

@@ -11,9 +11,10 @@ this platform's vendor key, which veRL's lookup prefers to the device-wide defau
 - adds the MTP loss of the local backend (recipe/dapo/policy.py) to each micro-batch's backward during the
   update: the MTP loss of ``spec.mtp.objective`` (CE of the sampled token, or of the policy's own distribution of
   it from the same forward's logits) at the positions mtp/loss.py's masks train (those of a random share of the
-  sequences, ``spec.mtp.loss_sequence_fraction``, which the recipe puts in the HF config), on detached trunk hidden states,
-  embeddings and LM head, scaled by ``actor_rollout_ref.model.mtp.mtp_loss_scaling_factor`` and by the
-  micro-batch's share of the mini-batch's response tokens;
+  sequences, ``spec.mtp.loss_sequence_fraction``, which the recipe puts in the HF config), over the vocabulary or,
+  with ``spec.mtp.loss_vocab_topk``, a shortlist of it, on detached trunk hidden states, embeddings and LM head,
+  scaled by ``actor_rollout_ref.model.mtp.mtp_loss_scaling_factor`` and by the micro-batch's share of the
+  mini-batch's response tokens;
 - clips the head's gradients apart from the policy's, so the policy's update is the one it would be without the
   head (under one global norm the MTP loss would shrink the policy's step whenever clipping is active);
 - gives the head its own learning rate when the recipe sets ``spec.mtp.lr`` (veRL's optimizer config has one
@@ -37,8 +38,15 @@ from verl.utils.metric import AggregationType, Metric
 from verl.workers.engine.base import EngineRegistry
 from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
 
-from mtp import MTP_LOSS_FRACTION_KEY, MTP_LR_KEY, MTP_LR_WARMUP_KEY, MTP_OBJECTIVE_KEY, warm_up_group
-from mtp.loss import mtp_loss, mtp_targets, sample_sequences
+from mtp import (
+    MTP_LOSS_FRACTION_KEY,
+    MTP_LR_KEY,
+    MTP_LR_WARMUP_KEY,
+    MTP_OBJECTIVE_KEY,
+    MTP_VOCAB_TOPK_KEY,
+    warm_up_group,
+)
+from mtp.loss import draft_vocabulary, mtp_loss, mtp_targets, sample_sequences
 from mtp.model import MiMoConfig, MTPLayer, packed_positions, rope_cos_sin, run_mtp_layers
 
 
@@ -81,19 +89,24 @@ class MiMoMTPForCausalLM(Qwen2ForCausalLM):
         targets, trained = mtp_targets(ids, mtp_batch["response_mask"], cu_seqlens, depth=0)
         fraction = float(getattr(self.config, MTP_LOSS_FRACTION_KEY, 1.0))
         at = sample_sequences(trained.nonzero().squeeze(-1), cu_seqlens, fraction)
+        objective = str(getattr(self.config, MTP_OBJECTIVE_KEY, "sampled"))
+        vocab_topk = int(getattr(self.config, MTP_VOCAB_TOPK_KEY, 0))
+        temperature = mtp_batch["temperature"][at + 1, None]  # the rollout's, at the drafted token
+        policy_next = vocab = None
+        if objective != "sampled" or vocab_topk:
+            # the policy's distribution of token t+2: its logits at t+1, at the rollout temperature. Only those rows
+            # are gathered: the padded layout's boolean mask would copy every position's [vocabulary] row first
+            rows = at + 1 if mask is None else mask.flatten().nonzero().squeeze(-1)[at + 1]
+            policy_next = out.logits.flatten(0, 1)[rows].detach().float() / temperature
+        if vocab_topk:
+            vocab = draft_vocabulary(policy_next, targets[at], vocab_topk)
+            head = head[vocab]
         (logits,) = run_mtp_layers(
             self.model.mtp_layers[:1], hidden, embeds, head, cu_seqlens, positions, rope,
             detach_inputs=True, mtp_positions=at,
         )  # fmt: skip
-        objective = str(getattr(self.config, MTP_OBJECTIVE_KEY, "sampled"))
-        temperature = mtp_batch["temperature"][at + 1, None]  # the rollout's, at the drafted token
-        teacher = None
-        if objective != "sampled":
-            # the policy's distribution of token t+2: its logits at t+1, at the rollout temperature. Only those rows
-            # are gathered: the padded layout's boolean mask would copy every position's [vocabulary] row first
-            rows = at + 1 if mask is None else mask.flatten().nonzero().squeeze(-1)[at + 1]
-            teacher = out.logits.flatten(0, 1)[rows].detach().float() / temperature
-        head_loss, head_acc = mtp_loss(objective, logits / temperature, targets[at], teacher)
+        teacher = policy_next if objective != "sampled" else None
+        head_loss, head_acc = mtp_loss(objective, logits / temperature, targets[at], teacher, vocab)
         self.mtp_result = (head_loss.detach(), head_acc)
         # the loss rides on the logits' backward: FSDP gathers the parameters again before the backward of the
         # forward's outputs, and a loss kept aside would run its backward on freed parameter storage
@@ -257,9 +270,11 @@ def cpu_actor_engine(
     optimizer,
     loss_sequence_fraction: float = 1.0,
     objective: str = "sampled",
+    vocab_topk: int = 0,
 ) -> FSDPEngineWithLMHead:
     """veRL's FSDP2 actor engine for ``checkpoint`` built as the veRL backend's CPU actor builds it (fp32, SDPA,
-    padded layout), with the MTP head trained online (on ``loss_sequence_fraction`` of the sequences) or not and veRL's
+    padded layout), with the MTP head trained online (on ``loss_sequence_fraction`` of the sequences, scored over the
+    vocabulary or ``vocab_topk``'s shortlist of it) or not and veRL's
     ``FSDPOptimizerConfig`` ``optimizer``; initialized. For the tests and the overhead benchmark, which run one engine
     in a process of their own."""
     from verl.trainer.config.config import CheckpointConfig
@@ -275,6 +290,7 @@ def cpu_actor_engine(
             "attn_implementation": "sdpa",
             MTP_LOSS_FRACTION_KEY: loss_sequence_fraction,
             MTP_OBJECTIVE_KEY: objective,
+            MTP_VOCAB_TOPK_KEY: vocab_topk,
         },
         external_lib="mtp.verl_fsdp",
         mtp=MtpConfig(

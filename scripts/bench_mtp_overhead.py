@@ -64,10 +64,14 @@ def make_batch(ckpt: Path, prompts: int, n: int, width: int):
     return batch
 
 
-def real_model_batch(ckpt: Path, prompts: int, n: int, response_tokens: int, width: int):
+def real_model_batch(ckpt: Path, prompts: int, n: int, response_tokens: int, width: int, samples: Path | None = None):
     """A veRL batch for a real model: ``prompts`` word problems with its chat template, ``n`` responses of
-    ``response_tokens`` random token ids each (an update's cost depends on the lengths, not on which tokens), and an
-    outcome reward of +-1 on the last response token."""
+    ``response_tokens`` random token ids each, and an outcome reward of +-1 on the last response token. With
+    ``samples`` (a scripts/graft_mtp_real.py sample set) the prompts and responses are the model's own instead, each
+    response cut to ``response_tokens`` (shorter ones left out): the update's cost depends on the lengths alone, except
+    with ``spec.mtp.loss_vocab_topk``, whose shortlist is as wide as the policy is unsure, far wider on random ids."""
+    import pickle
+
     import torch
 
     from mtp.checkpoint import load_tokenizer
@@ -81,7 +85,14 @@ def real_model_batch(ckpt: Path, prompts: int, n: int, response_tokens: int, wid
     problems = [p for p in load_problems(write_splits()[0], max_rows=prompts) for _ in range(n)]
     gen = torch.Generator().manual_seed(0)
     responses = []
-    for i, p in enumerate(problems):
+    if samples is not None:
+        arrays, _ = pickle.loads(samples.read_bytes())
+        own = [(ids[mask == 0], ids[mask == 1]) for ids, mask in arrays if int(mask.sum()) >= response_tokens]
+        if len(own) < len(problems):
+            raise SystemExit(f"{samples}: {len(own)} responses of >= {response_tokens} tokens, {len(problems)} needed")
+        for i, (prompt, response) in enumerate(own[: len(problems)]):
+            responses.append(Response(i, prompt.tolist(), response[:response_tokens].tolist(), "", "length"))
+    for i, p in enumerate(problems if samples is None else []):
         ids = torch.randint(100, len(tok), (response_tokens - 1,), generator=gen).tolist() + [tok.eos_token_id]
         responses.append(Response(i, encode_prompt(tok, p.messages), ids, "", "stop"))
     uids = [str(i // n) for i in range(len(problems))]
@@ -170,6 +181,7 @@ def verl_updates(checkpoint: Path, batch, cfg) -> dict[str, Callable[[], None]]:
             ),
             loss_sequence_fraction=float(cfg.spec.mtp.loss_sequence_fraction),
             objective=str(cfg.spec.mtp.objective),
+            vocab_topk=int(cfg.spec.mtp.loss_vocab_topk),
         )  # fmt: skip
 
         def update(engine=engine) -> None:
@@ -246,13 +258,21 @@ def main() -> None:
     )
     parser.add_argument("--response-tokens", type=int, default=128, help="with --model: tokens per response")
     parser.add_argument(
+        "--samples", help="with --model: a scripts/graft_mtp_real.py sample set whose responses replace random ids"
+    )
+    parser.add_argument(
         "--loss-sequence-fraction", type=float, default=1.0, help="spec.mtp.loss_sequence_fraction of the online mode"
     )
     parser.add_argument(
         "--objective", default="sampled", choices=MTP_OBJECTIVES, help="spec.mtp.objective of the online mode"
     )
+    parser.add_argument(
+        "--loss-vocab-topk", type=int, default=0, help="spec.mtp.loss_vocab_topk of the online mode (0: every token)"
+    )
     parser.add_argument("--out", default=str(REPO_ROOT / "results" / "mtp"))
     args = parser.parse_args()
+    if args.samples and not args.model:
+        parser.error("--samples holds a real model's own responses: name that model with --model")
 
     import torch
     from omegaconf import OmegaConf
@@ -274,7 +294,8 @@ def main() -> None:
 
         base = Path(resolve_model(args.model))
         ckpt = graft_mtp(base, CACHE_DIR / f"{base.name}-mtp-untrained")
-        batch = real_model_batch(ckpt, args.prompts, args.n, args.response_tokens, args.response_tokens)
+        samples = Path(args.samples) if args.samples else None
+        batch = real_model_batch(ckpt, args.prompts, args.n, args.response_tokens, args.response_tokens, samples)
     else:
         ckpt = ensure_base_model(OmegaConf.load(REPO_ROOT / "configs" / "sft.yaml"))
         batch = make_batch(ckpt, args.prompts, args.n, 768)
@@ -284,6 +305,7 @@ def main() -> None:
         f"actor_rollout_ref.rollout.n={args.n}",
         f"spec.mtp.loss_sequence_fraction={args.loss_sequence_fraction}",
         f"spec.mtp.objective={args.objective}",
+        f"spec.mtp.loss_vocab_topk={args.loss_vocab_topk}",
     ]
     rows = []
     with tempfile.TemporaryDirectory(prefix="mtp-overhead-") as tmp:
@@ -305,6 +327,10 @@ def main() -> None:
     name += f"_sequences{args.loss_sequence_fraction}" if fraction else ""
     objective = f" --objective {args.objective}" if args.objective != "sampled" else ""
     name += f"_{args.objective}" if objective else ""
+    topk = f" --loss-vocab-topk {args.loss_vocab_topk}" if args.loss_vocab_topk else ""
+    name += f"_top{args.loss_vocab_topk}" if topk else ""
+    own = f" --samples {args.samples}" if args.samples else ""
+    name += "_own_text" if own else ""
     (out / f"{name}.json").write_text(json.dumps(rows, indent=2))
     tokens = int(batch.batch["attention_mask"].sum())
     shape = (
@@ -312,7 +338,7 @@ def main() -> None:
     )
     lines = [
         f"Produced by `.venv/bin/python scripts/bench_mtp_overhead.py --backend {args.backend} {shape} --prompts "
-        f"{args.prompts} --n {args.n} --reps {args.reps} --mini {args.mini} --micro {args.micro}{fraction}{objective}`: "
+        f"{args.prompts} --n {args.n} --reps {args.reps} --mini {args.mini} --micro {args.micro}{fraction}{objective}{topk}{own}`: "
         f"{len(batch)} responses ({tokens} tokens, micro-batch {args.micro}, "
         f"mini-batch {args.mini} groups), {args.reps} reps of both modes back to back (order alternating); times are "
         "medians, the overhead is the median of the per-rep ratios (interquartile range in brackets).",

@@ -9,6 +9,10 @@ training step. The data are responses the starting policy sampled itself on prom
 (a ``graft_mtp_real.py`` sample set), trained on in order; the score is the drift probe's (``recipe.dapo.drift``):
 the expected acceptance of a sampled draft, ``sum(min(p, q))``, over the set's last responses (other prompts).
 
+With ``--trunk`` (a policy checkpoint after RL) the starting head drafts for that policy instead, as a frozen head
+does after a run: the replay then shows how fast each setting wins back what the drift cost, teacher-forced on the
+same text. A config's third field is ``spec.mtp.loss_vocab_topk`` (the loss over a shortlist of the vocabulary).
+
     .venv/bin/python scripts/online_head_replay.py --configs 3e-4:0,3e-4:4,1e-4:0,3e-5:0
 """
 
@@ -18,6 +22,7 @@ import argparse
 import copy
 import json
 import pickle
+import shlex
 import sys
 from pathlib import Path
 
@@ -49,7 +54,31 @@ def mean_acceptance(model, layers, head, packs) -> float:
     return total / max(count, 1)
 
 
-def plot(results: list[dict], path: Path) -> None:
+def shortlist_coverage(model, packs, topk: int) -> dict[str, float]:
+    """How wide :func:`mtp.loss.draft_vocabulary` is on each pack, and how much of the target's distribution of the
+    drafted token it holds: the mass a head trained over it is never scored on."""
+    import torch
+
+    from mtp.head_training import target_logits
+    from mtp.loss import draft_vocabulary
+
+    sizes, masses = [], []
+    with torch.no_grad():
+        for c in packs:
+            logits = target_logits(model, c)
+            vocab = draft_vocabulary(logits, c.targets, topk)
+            sizes.append(vocab.numel())
+            masses.append(torch.softmax(logits, dim=-1)[:, vocab].sum(-1))
+    mass = torch.cat(masses)
+    return {"tokens": sum(sizes) / len(sizes), "mass": float(mass.mean()), "min_mass": float(mass.min())}
+
+
+def label(r: dict) -> str:
+    vocab = f"top-{r['vocab_topk']} shortlist" if r["vocab_topk"] else "every token"
+    return f"lr {r['lr']:g}, warm-up {r['warmup_steps']}, {vocab}"
+
+
+def plot(results: list[dict], path: Path, title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -59,21 +88,25 @@ def plot(results: list[dict], path: Path) -> None:
     for r in results:
         start = r["acceptance"][0]
         change = [(a / start - 1) * 100 for a in r["acceptance"]]
-        ax.plot(range(len(change)), change, marker="o", label=f"lr {r['lr']:g}, warm-up {r['warmup_steps']}")
+        ax.plot(range(len(change)), change, marker="o", label=label(r))
     ax.axhspan(-2, 2, color="0.9", zorder=0, label="within 2%")
-    ax.set(xlabel="training step", ylabel="sampled-draft acceptance, % from start", title="online head at KL 0")
+    ax.set(xlabel="training step", ylabel="sampled-draft acceptance, % from start", title=title)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
-def replay(model, train_steps, eval_packs, lr: float, warmup: int, objective: str, scale: float, clip: float):
-    """The head's acceptance after each training step (index 0: before any)."""
+def replay(
+    model, train_steps, eval_packs, lr: float, warmup: int, topk: int, objective: str, scale: float, clip: float
+) -> tuple[list[float], float]:
+    """The head's acceptance after each training step (index 0: before any), and the seconds its training took (the
+    loss over the whole vocabulary, or ``topk``'s shortlist of it)."""
+    import time
+
     import torch
 
-    from mtp.head_training import draft_and_target
-    from mtp.loss import objective_loss
+    from mtp.head_training import pack_loss
 
     layers = copy.deepcopy(model.model.mtp_layers).float().requires_grad_(True)
     head = model.lm_head.weight.detach().float()
@@ -81,17 +114,19 @@ def replay(model, train_steps, eval_packs, lr: float, warmup: int, objective: st
     # linear from 1/(warmup+1) of the rate to all of it over ``warmup`` training steps, as veRL's warm-up ramps
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, (step + 1) / (warmup + 1)))
     curve = [mean_acceptance(model, layers, head, eval_packs)]
+    seconds = 0.0
     for minis in train_steps:
+        start = time.perf_counter()
         for c in minis:
-            logits, teacher = draft_and_target(model, layers, head, c)
-            loss, _ = objective_loss(objective, logits, c.targets, teacher)
+            loss, _ = pack_loss(model, layers, head, c, objective, topk)
             opt.zero_grad(set_to_none=True)
             (scale * loss).backward()
             torch.nn.utils.clip_grad_norm_(layers.parameters(), clip)
             opt.step()
         sched.step()
+        seconds += time.perf_counter() - start
         curve.append(mean_acceptance(model, layers, head, eval_packs))
-    return curve
+    return curve, seconds
 
 
 def main() -> None:
@@ -108,7 +143,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8, help="training steps replayed")
     parser.add_argument("--responses-per-mini", type=int, default=16, help="ppo_mini_batch_size x rollout.n")
     parser.add_argument("--minis", type=int, default=2, help="optimizer steps per training step")
-    parser.add_argument("--configs", default="3e-4:0,3e-4:4,1e-4:0,3e-5:0", help="lr:warm-up steps, comma-separated")
+    parser.add_argument(
+        "--configs",
+        default="3e-4:0,3e-4:4,1e-4:0,3e-5:0",
+        help="lr:warm-up steps[:spec.mtp.loss_vocab_topk], comma-separated",
+    )
+    parser.add_argument(
+        "--trunk", help="a policy checkpoint (after RL) whose trunk the starting head drafts for (default: its own)"
+    )
     parser.add_argument("--objective", default="distill", choices=MTP_OBJECTIVES)
     parser.add_argument("--loss-scale", type=float, default=0.2, help="spec.mtp.loss_scaling_factor")
     parser.add_argument("--clip", type=float, default=1.0, help="actor.grad_clip (the head's own norm)")
@@ -125,11 +167,14 @@ def main() -> None:
 
     configs = []
     for item in args.configs.split(","):
-        lr, _, warmup = item.partition(":")
+        fields = item.split(":")
         try:
-            configs.append((float(lr), int(warmup or 0)))
+            lr, warmup, topk = float(fields[0]), *(int(f) for f in (fields[1:] + ["0", "0"])[:2])
         except ValueError:
-            parser.error(f"--configs {item!r}: expected lr:warmup_steps, e.g. 3e-4:4")
+            lr = warmup = topk = -1
+        if len(fields) > 3 or lr <= 0 or warmup < 0 or topk < 0:
+            parser.error(f"--configs {item!r}: expected lr:warmup_steps[:vocab_topk], e.g. 3e-4:4 or 1e-4:0:32")
+        configs.append((lr, warmup, topk))
 
     def samples(path: str) -> list:
         if not Path(path).is_file():
@@ -145,37 +190,74 @@ def main() -> None:
     needed = args.steps * args.minis * args.responses_per_mini
     if len(train) < needed:
         parser.error(f"--samples holds {len(train)} responses besides the scored ones; {needed} are replayed")
+    eval_batches = pack_batches(held_out, 4096, np.random.default_rng(args.seed))
+    own_policy = None
+    if args.trunk:
+        # the head's acceptance for the policy it was trained with, before that policy is swapped for the drifted one
+        own_policy = mean_acceptance(
+            model, model.model.mtp_layers, model.lm_head.weight, cache_trunk(model, eval_batches, progress=False)
+        )
+        head = model.model.mtp_layers.state_dict()
+        model = load_checkpoint(args.trunk, torch.float32)
+        model.requires_grad_(False)
+        model.model.mtp_layers.load_state_dict(head)
     minis = [train[i : i + args.responses_per_mini] for i in range(0, needed, args.responses_per_mini)]
     cached = cache_trunk(model, minis)
     steps = [cached[i : i + args.minis] for i in range(0, len(cached), args.minis)]
-    eval_packs = cache_trunk(model, pack_batches(held_out, 4096, np.random.default_rng(args.seed)))
+    eval_packs = cache_trunk(model, eval_batches)
+    coverage = {k: shortlist_coverage(model, eval_packs, k) for k in sorted({c[2] for c in configs} - {0})}
     results = []
-    for lr, warmup in configs:
-        curve = replay(model, steps, eval_packs, lr, warmup, args.objective, args.loss_scale, args.clip)
-        results.append({"lr": lr, "warmup_steps": warmup, "acceptance": curve})
+    for lr, warmup, topk in configs:
+        curve, seconds = replay(model, steps, eval_packs, lr, warmup, topk, args.objective, args.loss_scale, args.clip)
+        results.append({"lr": lr, "warmup_steps": warmup, "vocab_topk": topk, "acceptance": curve, "train_s": seconds})
         print(json.dumps(results[-1]), flush=True)
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "replay.json").write_text(json.dumps({"args": vars(args), "results": results}, indent=2))
+    report = {"args": vars(args), "own_policy_acceptance": own_policy, "coverage": coverage, "results": results}
+    (out / "replay.json").write_text(json.dumps(report, indent=2))
     start = results[0]["acceptance"][0]
     header = " | ".join(f"step {k}" for k in range(1, args.steps + 1))
+    command = " ".join(shlex.quote(a) for a in sys.argv[1:])
+    if args.trunk:
+        title = "the starting head on a drifted policy"
+        setting = (
+            f"Starting head: `{shown(args.checkpoint)}`, drafting for the policy `{shown(args.trunk)}` (its trunk, "
+            f"embeddings and LM head); on its own policy the head scores {own_policy:.4f} on the same text, on this "
+            f"one {start:.4f} ({(start / own_policy - 1) * 100:+.1f}%). Each step trains it on"
+        )
+    else:
+        title = "the online head at KL 0"
+        setting = f"Starting head: `{shown(args.checkpoint)}`; each step trains it on"
     lines = [
-        "# The online head's first steps, replayed at KL 0",
+        f"# Replayed online steps: {title}",
         "",
-        f"Produced by `.venv/bin/python scripts/online_head_replay.py --configs {args.configs} --steps {args.steps} "
-        f"--objective {args.objective}` on this CPU (float32). Starting head: `{shown(args.checkpoint)}`; "
-        f"{args.minis} x {args.responses_per_mini} of the starting policy's own responses per step; the expected "
-        f"acceptance of a sampled draft over {len(held_out)} held-out responses of other prompts "
-        f"(start {start:.4f}), and its change from the start:",
+        f"Produced by `.venv/bin/python scripts/online_head_replay.py {command}` on this CPU (float32). {setting} "
+        f"{args.minis} x {args.responses_per_mini} of the starting policy's own responses (`{shown(args.samples)}`) "
+        f"with the {args.objective} objective; the score is the expected acceptance of a sampled draft over the "
+        f"set's last {len(held_out)} responses (start {start:.4f}), and its change from the start. Head training "
+        "seconds are the steps' own, without the scoring.",
         "",
-        f"| learning rate | warm-up steps | {header} |",
-        "|---|---|" + "---|" * args.steps,
+        f"| learning rate | warm-up steps | loss over | head training (s) | {header} |",
+        "|---|---|---|---|" + "---|" * args.steps,
     ]
     for r in results:
         cells = " | ".join(f"{a:.4f} ({(a / start - 1) * 100:+.1f}%)" for a in r["acceptance"][1:])
-        lines.append(f"| {r['lr']:g} | {r['warmup_steps']} | {cells} |")
-    plot(results, out / "replay.png")
+        vocab = f"top-{r['vocab_topk']} shortlist" if r["vocab_topk"] else "every token"
+        lines.append(f"| {r['lr']:g} | {r['warmup_steps']} | {vocab} | {r['train_s']:.1f} | {cells} |")
+    if coverage:
+        lines += [
+            "",
+            "The shortlists on the scored text (per pack of about 4,096 tokens, as a micro-batch's):",
+            "",
+            "| k | tokens in the shortlist (mean) | teacher's mass inside it (mean) | (lowest position) |",
+            "|---|---|---|---|",
+        ]
+        lines += [
+            f"| {k} | {c['tokens']:.0f} of {model.config.vocab_size} | {c['mass']:.4f} | {c['min_mass']:.4f} |"
+            for k, c in coverage.items()
+        ]
+    plot(results, out / "replay.png", title)
     lines += ["", "![replay](replay.png)"]
     (out / "README.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

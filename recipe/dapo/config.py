@@ -12,7 +12,14 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from mtp import MTP_LOSS_FRACTION_KEY, MTP_LR_KEY, MTP_LR_WARMUP_KEY, MTP_OBJECTIVE_KEY, MTP_OBJECTIVES
+from mtp import (
+    MTP_LOSS_FRACTION_KEY,
+    MTP_LR_KEY,
+    MTP_LR_WARMUP_KEY,
+    MTP_OBJECTIVE_KEY,
+    MTP_OBJECTIVES,
+    MTP_VOCAB_TOPK_KEY,
+)
 from recipe.engine import K_BY_BATCH_KEY, SPEC_METHODS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -92,6 +99,16 @@ def validate(cfg: DictConfig) -> None:
             "spec.mtp.loss_sequence_fraction",
             "is for the local backend and veRL's FSDP actor (mtp/verl_fsdp.py); a Megatron actor computes its MTP "
             "loss over every token: leave it 1",
+        )
+        topk = spec.mtp.loss_vocab_topk
+        _require(
+            isinstance(topk, int) and topk >= 0, "spec.mtp.loss_vocab_topk", f"must be an integer >= 0, got {topk!r}"
+        )
+        _require(
+            topk == 0 or not megatron,
+            "spec.mtp.loss_vocab_topk",
+            "is for the local backend and veRL's FSDP actor (mtp/verl_fsdp.py); a Megatron actor scores its MTP loss "
+            "over the whole vocabulary: leave it 0",
         )
         _require(
             warmup == 0 or spec.mtp.train != "online" or not megatron,
@@ -325,6 +342,7 @@ def spec_overrides(spec: DictConfig) -> dict[str, object]:
                     spec.mtp.loss_sequence_fraction
                 ),
                 f"+actor_rollout_ref.model.override_config.{MTP_OBJECTIVE_KEY}": str(spec.mtp.objective),
+                f"+actor_rollout_ref.model.override_config.{MTP_VOCAB_TOPK_KEY}": int(spec.mtp.loss_vocab_topk),
             }
             if spec.mtp.train == "online"
             # frozen: the actor holds the trunk only (Qwen2ForCausalLM drops model.mtp_layers.*) and weight sync

@@ -15,8 +15,8 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 
 from mtp import warm_up_group
-from mtp.loss import mtp_loss, mtp_targets, roll_packed, sample_sequences
-from mtp.model import MiMoForCausalLM
+from mtp.loss import draft_vocabulary, mtp_loss, mtp_targets, roll_packed, sample_sequences
+from mtp.model import MiMoForCausalLM, MiMoOutput
 from recipe.dapo.timeline import timed
 
 logger = logging.getLogger(__name__)
@@ -103,10 +103,12 @@ def forward_rows(
     grad: bool = True,
     mtp_fraction: float = 1.0,
     mtp_objective: str = "sampled",
+    mtp_vocab_topk: int = 0,
 ) -> ForwardOut:
     """Response-token log-probs (and the MTP loss of ``mtp_objective`` on the same forward, inputs detached, over a
-    random ``mtp_fraction`` of the sequences it trains; all but ``sampled`` take their teacher from this forward's
-    logits)."""
+    random ``mtp_fraction`` of the sequences it trains, scored over :func:`~mtp.loss.draft_vocabulary` of this
+    forward's logits with ``mtp_vocab_topk``, else the whole vocabulary; all but ``sampled`` take their teacher from
+    this forward's logits)."""
     rows = pack_rows(batch)
     width = batch.batch["responses"].shape[1]
     mtp_positions = mtp_target_ids = None
@@ -116,9 +118,7 @@ def forward_rows(
         mtp_positions = sample_sequences(trained.nonzero().squeeze(-1), rows.cu_seqlens, mtp_fraction)
         mtp_target_ids = every_target[mtp_positions]
     with torch.set_grad_enabled(grad):
-        out = model(
-            rows.input_ids, rows.cu_seqlens, with_mtp=with_mtp, detach_mtp_inputs=True, mtp_positions=mtp_positions
-        )
+        out = model(rows.input_ids, rows.cu_seqlens, with_mtp=False)
         logits = out.logits.float() / temperature
         logp_all = F.log_softmax(logits, dim=-1)
         targets = roll_packed(rows.input_ids, rows.cu_seqlens, -1)
@@ -126,9 +126,11 @@ def forward_rows(
         entropy = -(logp_all.exp() * logp_all).sum(-1)
         head_loss = head_acc = None
         if with_mtp:
-            # the teacher, the policy's distribution of token t+2, is its output at t+1
-            teacher = logits.detach()[mtp_positions + 1] if mtp_objective != "sampled" else None
-            head_loss, head_acc = mtp_loss(mtp_objective, out.mtp_logits[0] / temperature, mtp_target_ids, teacher)
+            # the policy's distribution of token t+2 (the teacher) is its output at t+1
+            head_loss, head_acc = head_loss_at(
+                model, out, rows.cu_seqlens, mtp_positions, mtp_target_ids, logits.detach()[mtp_positions + 1],
+                temperature, mtp_objective, mtp_vocab_topk,
+            )  # fmt: skip
     return ForwardOut(
         unpack_to_responses(token_logp, rows, width),
         unpack_to_responses(entropy.detach(), rows, width),
@@ -137,8 +139,28 @@ def forward_rows(
     )
 
 
+def head_loss_at(
+    model: MiMoForCausalLM,
+    out: MiMoOutput,
+    cu_seqlens: torch.Tensor,
+    mtp_positions: torch.Tensor,
+    targets: torch.Tensor,
+    policy_next: torch.Tensor,
+    temperature: float,
+    objective: str,
+    vocab_topk: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The online MTP loss (and top-1 accuracy) at ``mtp_positions`` of a trunk forward ``out``, given the policy's
+    tempered logits one position later (``policy_next``), over the whole vocabulary or, with ``vocab_topk``, over
+    :func:`~mtp.loss.draft_vocabulary`."""
+    vocab = draft_vocabulary(policy_next, targets, vocab_topk) if vocab_topk else None
+    (head,) = model.draft_logits(out, cu_seqlens, mtp_positions=mtp_positions, vocab=vocab)
+    teacher = policy_next if objective != "sampled" else None
+    return mtp_loss(objective, head / temperature, targets, teacher, vocab)
+
+
 def head_loss_rows(
-    model: MiMoForCausalLM, batch, temperature: float, mtp_fraction: float, mtp_objective: str
+    model: MiMoForCausalLM, batch, temperature: float, mtp_fraction: float, mtp_objective: str, mtp_vocab_topk: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The online MTP loss of :func:`forward_rows` (and its top-1 accuracy) on rows the policy does not train on: the
     trunk runs without autograd and the LM head only where the loss reads its teacher, so a row costs a no-grad trunk
@@ -146,12 +168,11 @@ def head_loss_rows(
     rows = pack_rows(batch)
     every_target, trained = mtp_targets(rows.input_ids, rows.response_mask, rows.cu_seqlens, depth=0)
     mtp_positions = sample_sequences(trained.nonzero().squeeze(-1), rows.cu_seqlens, mtp_fraction)
-    out = model(
-        rows.input_ids, rows.cu_seqlens, with_mtp=True, mtp_positions=mtp_positions, train_trunk=False,
-        logit_positions=mtp_positions + 1,
+    out = model(rows.input_ids, rows.cu_seqlens, with_mtp=False, train_trunk=False, logit_positions=mtp_positions + 1)
+    return head_loss_at(
+        model, out, rows.cu_seqlens, mtp_positions, every_target[mtp_positions], out.logits.float() / temperature,
+        temperature, mtp_objective, mtp_vocab_topk,
     )  # fmt: skip
-    teacher = out.logits.float() / temperature if mtp_objective != "sampled" else None
-    return mtp_loss(mtp_objective, out.mtp_logits[0] / temperature, every_target[mtp_positions], teacher)
 
 
 def verl_lr_scheduler(
@@ -196,6 +217,7 @@ class Actor:
         self.head_trains_on_dropped = self.mtp_online and bool(cfg.spec.mtp.train_on_dropped_groups)
         # only spec=mtp configs carry spec.mtp (a frozen head logs its loss under the same objective)
         self.mtp_objective = str(cfg.spec.mtp.objective) if self.spec_method == "mtp" else "sampled"
+        self.mtp_vocab_topk = int(cfg.spec.mtp.loss_vocab_topk) if self.spec_method == "mtp" else 0
         self.policy = policy.train()
         if next(policy.parameters()).device.type == "cpu":
             keep_freed_memory_on_cpu()
@@ -263,7 +285,9 @@ class Actor:
                 self.optimizer.zero_grad(set_to_none=True)
                 for u0 in range(0, len(mini), micro):
                     mb = mini[u0 : u0 + micro]
-                    loss, acc = head_loss_rows(self.policy, mb, temperature, fraction, self.mtp_objective)
+                    loss, acc = head_loss_rows(
+                        self.policy, mb, temperature, fraction, self.mtp_objective, self.mtp_vocab_topk
+                    )
                     share = float(mb.batch["response_mask"].sum()) / max(1, tokens)
                     (cfg.spec.mtp.loss_scaling_factor * loss * share).backward()
                     sums.setdefault("mtp/dropped_head_loss", []).append(loss.item())
@@ -293,7 +317,7 @@ class Actor:
             for i in range(0, len(batch), micro):
                 out = forward_rows(
                     self.policy, batch[i : i + micro], temperature, with_mtp=frozen_head, grad=False,
-                    mtp_objective=self.mtp_objective,
+                    mtp_objective=self.mtp_objective, mtp_vocab_topk=self.mtp_vocab_topk,
                 )  # fmt: skip
                 olds.append(out.log_probs)
                 if out.mtp_loss is not None:
@@ -324,7 +348,7 @@ class Actor:
                         mb = mini[u0 : u0 + micro]
                         out = forward_rows(
                             self.policy, mb, temperature, with_mtp=self.mtp_online, mtp_fraction=mtp_fraction,
-                            mtp_objective=self.mtp_objective,
+                            mtp_objective=self.mtp_objective, mtp_vocab_topk=self.mtp_vocab_topk,
                         )  # fmt: skip
                         mask = mb.batch["response_mask"]
                         pg_loss, pg_metrics = self.policy_loss(

@@ -35,6 +35,9 @@ def test_the_policy_update_on_verl_fsdp_is_unchanged_by_the_online_head(harness_
     warmed = update(harness_model, tmp_path / "warmed.pt", "online", "head_lr=1e-4", "head_warmup=3")
     half = update(harness_model, tmp_path / "half.pt", "online", "fraction=0.5")
     distill = update(harness_model, tmp_path / "distill.pt", "online", "objective=distill", "temperature=0.7")
+    shortlist = update(
+        harness_model, tmp_path / "shortlist.pt", "online", "objective=distill", "temperature=0.7", "topk=3"
+    )
     start = load_file(harness_model / "model.safetensors")
 
     policy = sorted(frozen["params"])
@@ -77,16 +80,22 @@ def test_the_policy_update_on_verl_fsdp_is_unchanged_by_the_online_head(harness_
     # same rows at the same temperature, the policy's own distribution one position later as the teacher
     assert distill["metrics"]["mtp/loss"] == pytest.approx(local_distill_loss(harness_model, 0.7), rel=1e-4)
     assert abs(distill["metrics"]["mtp/loss"] - online["metrics"]["mtp/loss"]) > 0.01
+    # spec.mtp.loss_vocab_topk (the HF config's mtp_loss_vocab_topk): the same loss over the same shortlist as the
+    # local trainer's, another value than the whole vocabulary's, the policy's update unchanged
+    assert shortlist["metrics"]["mtp/loss"] == pytest.approx(local_distill_loss(harness_model, 0.7, 3), rel=1e-4)
+    assert abs(shortlist["metrics"]["mtp/loss"] - distill["metrics"]["mtp/loss"]) > 0.01
+    for name in policy:
+        assert torch.equal(shortlist["params"][name], distill["params"][name]), name
 
 
-def local_distill_loss(checkpoint: Path, temperature: float) -> float:
+def local_distill_loss(checkpoint: Path, temperature: float, vocab_topk: int = 0) -> float:
     """The mean over verl_fsdp_update.py's two micro-batches of the distill loss (mtp.loss.mtp_loss, as the local trainer
-    computes it) of the checkpoint on their rows."""
+    computes it, over :func:`mtp.loss.draft_vocabulary` with ``vocab_topk``) of the checkpoint on their rows."""
     sys.path.insert(0, str(REPO / "tests" / "integration"))
     from verl_fsdp_update import batch
 
     from mtp.checkpoint import load_checkpoint
-    from mtp.loss import mtp_loss, mtp_targets
+    from mtp.loss import draft_vocabulary, mtp_loss, mtp_targets
 
     model = load_checkpoint(checkpoint, torch.float32)
     data = batch(tokenizer_pad=0)
@@ -101,8 +110,9 @@ def local_distill_loss(checkpoint: Path, temperature: float) -> float:
             out = model(ids, cu)
         targets, trained = mtp_targets(ids, mask, cu)
         at = trained.nonzero().squeeze(-1)
-        loss, _ = mtp_loss(
-            "distill", out.mtp_logits[0][at] / temperature, targets[at], out.logits[at + 1] / temperature
-        )
+        policy_next = out.logits[at + 1] / temperature
+        vocab = draft_vocabulary(policy_next, targets[at], vocab_topk) if vocab_topk else None
+        head = out.mtp_logits[0][at] if vocab is None else out.mtp_logits[0][at][:, vocab]
+        loss, _ = mtp_loss("distill", head / temperature, targets[at], policy_next, vocab)
         losses.append(float(loss))
     return sum(losses) / len(losses)

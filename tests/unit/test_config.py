@@ -190,6 +190,22 @@ def test_spec_mtp_loss_sequence_fraction_reaches_the_fsdp_actors_model_config_an
         validate(config(*MEGATRON_MTP, "spec.mtp.loss_sequence_fraction=0.5"))
 
 
+def test_spec_mtp_loss_vocab_topk_reaches_the_fsdp_actors_model_config_and_is_checked():
+    """The online loss's vocabulary shortlist travels in the actor's HF config like the fraction; a negative or
+    fractional k, or any k on a Megatron actor (whose loss is its own), is refused naming the key."""
+    from mtp import MTP_VOCAB_TOPK_KEY
+    from recipe.dapo.config import spec_overrides
+
+    key = f"+actor_rollout_ref.model.override_config.{MTP_VOCAB_TOPK_KEY}"
+    assert spec_overrides(config("spec=mtp", "spec.mtp.loss_vocab_topk=32").spec)[key] == 32
+    assert spec_overrides(config("spec=mtp").spec)[key] == 0
+    for bad in ("-1", "2.5"):
+        with pytest.raises(ConfigError, match=r"spec\.mtp\.loss_vocab_topk"):
+            validate(config("spec=mtp", f"spec.mtp.loss_vocab_topk={bad}"))
+    with pytest.raises(ConfigError, match=r"spec\.mtp\.loss_vocab_topk.*Megatron"):
+        validate(config(*MEGATRON_MTP, "spec.mtp.loss_vocab_topk=32"))
+
+
 def test_spec_mtp_train_on_dropped_groups_is_refused_for_a_frozen_head_and_on_verl():
     """The head's steps on the groups dynamic filtering dropped run in the local trainer, which holds those groups:
     with a frozen head, or on backend=verl (whose trainer drops them before its actor sees them), the key is refused

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from mtp.checkpoint import load_checkpoint, save_checkpoint
-from mtp.head_training import cache_trunk, draft_and_target, held_out_acceptance, train_head
-from mtp.loss import expected_acceptance
+from mtp.head_training import cache_trunk, draft_and_target, held_out_acceptance, pack_loss, train_head
+from mtp.loss import draft_vocabulary, expected_acceptance, objective_loss
 from mtp.model import MiMoConfig, MiMoForCausalLM
 from recipe.sft.train import TokenizedExample
 
@@ -88,3 +88,23 @@ def test_held_out_acceptance_pools_positions_and_leaves_each_responses_last_targ
         assert scores[name]["accepted"] == pytest.approx(np.mean(accepted), abs=1e-6)
         assert scores[name]["earned"] == pytest.approx(np.mean(earned), abs=1e-6)
     assert abs(scores["own"]["earned"] - scores["other"]["earned"]) > 1e-3
+
+
+def test_pack_loss_is_the_online_loss_on_cached_states_over_the_vocabulary_or_its_shortlist(checkpoint):
+    """The replayed online step's loss (scripts/online_head_replay.py): over every token, the acceptance of the head's
+    draft against the target's distribution from the cached states; over the top-2 shortlist, that of a head whose
+    logits outside it are -inf (so a wrong column order or target remap fails)."""
+    model = load_checkpoint(checkpoint)
+    layers, head = model.model.mtp_layers, model.lm_head.weight.detach().float()
+    (c,) = cache_trunk(model, [samples(model.config.vocab_size, 3)], progress=False)
+    with torch.no_grad():
+        logits, teacher = draft_and_target(model, layers, head, c)
+        full, _ = pack_loss(model, layers, head, c, "acceptance")
+        short, _ = pack_loss(model, layers, head, c, "acceptance", vocab_topk=2)
+    assert full.item() == pytest.approx(objective_loss("acceptance", logits, c.targets, teacher)[0].item(), rel=1e-6)
+    vocab = draft_vocabulary(teacher, c.targets, 2)
+    assert vocab.numel() < model.config.vocab_size
+    masked = torch.full_like(logits, float("-inf"))
+    masked[:, vocab] = logits[:, vocab]
+    assert short.item() == pytest.approx(objective_loss("acceptance", masked, c.targets, teacher)[0].item(), rel=1e-6)
+    assert abs(short.item() - full.item()) > 1e-3

@@ -572,6 +572,73 @@ def test_online_mtp_on_a_share_of_the_sequences_trains_the_head_on_fewer_positio
     assert metrics["0.5"]["mtp/loss"] != metrics["1.0"]["mtp/loss"]
 
 
+def test_draft_vocabulary_is_the_union_of_each_positions_top_k_and_the_sampled_tokens():
+    from mtp.loss import draft_vocabulary
+
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(6, 50, generator=gen)
+    targets = torch.tensor([49, 0, 7, 7, 30, 12])
+    vocab = draft_vocabulary(logits, targets, 3)
+    expected = {int(t) for t in targets} | {int(i) for row in logits for i in row.argsort(descending=True)[:3]}
+    assert vocab.tolist() == sorted(expected)
+    assert draft_vocabulary(logits, targets, 500).tolist() == list(range(50))  # k past the vocabulary: all of it
+
+
+@pytest.mark.parametrize("objective", ["sampled", "distill", "acceptance"])
+def test_the_shortlisted_loss_is_the_full_loss_of_a_head_with_no_mass_outside_the_shortlist(objective):
+    """``mtp_loss`` over ``vocab`` (the head's logits at those columns, targets and teacher read there) equals, in value
+    and gradient, the whole vocabulary's loss of a head whose logits outside ``vocab`` are -inf: the sampled CE and the
+    acceptance exactly; the distillation CE is the teacher's mass inside ``vocab`` times the head's log-probs there
+    (fails if the targets or the teacher's columns are not remapped to the shortlist's order)."""
+    from mtp.loss import draft_vocabulary, mtp_loss
+
+    gen = torch.Generator().manual_seed(5)
+    head_full = torch.randn(8, 40, generator=gen)
+    teacher = torch.randn(8, 40, generator=gen) * 2
+    targets = torch.multinomial(torch.softmax(teacher, -1), 1, generator=gen).squeeze(-1)
+    vocab = draft_vocabulary(teacher, targets, 4)
+    assert 4 <= vocab.numel() < 40
+    short = head_full[:, vocab].clone().requires_grad_(True)
+    loss, acc = mtp_loss(objective, short, targets, teacher, vocab)
+    masked = torch.full_like(head_full, float("-inf"))
+    masked[:, vocab] = short.detach()
+    masked.requires_grad_(True)
+    if objective == "distill":
+        p = torch.softmax(teacher, -1)[:, vocab]
+        expected = -(p * torch.log_softmax(masked[:, vocab], -1)).sum(-1).mean()
+    else:
+        expected, _ = mtp_loss(objective, masked, targets, teacher)
+    torch.testing.assert_close(loss, expected)
+    loss.backward()
+    expected.backward()
+    torch.testing.assert_close(short.grad, masked.grad[:, vocab])
+    assert acc.item() == (masked.detach().argmax(-1) == targets).float().mean().item()
+
+
+def test_online_mtp_over_a_vocabulary_shortlist_trains_the_head_and_leaves_the_policys_update():
+    """The local trainer's online loss with ``spec.mtp.loss_vocab_topk``: a k past the vocabulary scores every token
+    and ends bit for bit where the whole vocabulary's loss does (the shortlist's plumbing changes nothing); a small k
+    trains the head to different weights and leaves the policy's update unchanged."""
+    batch = two_group_batch()
+    base = tiny_model(False)
+    after, metrics = {}, {}
+    for topk in ("0", "100", "2"):
+        actor = dapo_actor(
+            copy.deepcopy(base), "online", *UPDATE_OVERRIDES, "spec.mtp.objective=acceptance",
+            f"spec.mtp.loss_vocab_topk={topk}",
+        )  # fmt: skip
+        metrics[topk] = actor.update(copy.deepcopy(batch), {})
+        after[topk] = actor.policy.state_dict()
+    assert metrics["100"]["mtp/loss"] == metrics["0"]["mtp/loss"] != metrics["2"]["mtp/loss"]
+    for name, value in base.state_dict().items():
+        assert torch.equal(after["100"][name], after["0"][name]), name
+        if name.startswith("model.mtp_layers."):
+            assert not torch.equal(after["2"][name], value), name
+            assert not torch.equal(after["2"][name], after["0"][name]), name
+        else:
+            assert torch.equal(after["2"][name], after["0"][name]), name
+
+
 @pytest.mark.parametrize("cp", [1, 2, 4])
 @pytest.mark.parametrize("shift", [-1, -2, -3])
 def test_cp_zigzag_roll_equals_the_unsplit_roll(cp, shift):
