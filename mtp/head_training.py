@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import json
+import pickle
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -77,6 +78,22 @@ def own_samples(
         mask[len(r.prompt_ids) :] = 1
         samples.append(TokenizedExample(ids, mask))
     return samples, result.timeline.summary(8)
+
+
+def save_samples(path: Path, samples: Sequence[TokenizedExample], summary: dict) -> None:
+    """Write a sample set (the responses and how they were made): sampling is the slow part of training a head, so
+    scripts/graft_mtp_real.py keeps it beside the checkpoints, and the benches and the replay train on it."""
+    arrays = [(s.ids, s.response_mask) for s in samples]
+    path.write_bytes(pickle.dumps((arrays, summary)))
+
+
+def load_samples(path: str | Path) -> tuple[list[TokenizedExample], dict]:
+    """A sample set written by :func:`save_samples`, and its summary."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such sample set (scripts/graft_mtp_real.py writes them)")
+    arrays, summary = pickle.loads(path.read_bytes())
+    return [TokenizedExample(ids, mask) for ids, mask in arrays], summary
 
 
 @dataclass

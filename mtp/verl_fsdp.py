@@ -95,9 +95,10 @@ class MiMoMTPForCausalLM(Qwen2ForCausalLM):
         policy_next = vocab = None
         if objective != "sampled" or vocab_topk:
             # the policy's distribution of token t+2: its logits at t+1, at the rollout temperature. Only those rows
-            # are gathered: the padded layout's boolean mask would copy every position's [vocabulary] row first
+            # are gathered: the padded layout's boolean mask would copy every position's [vocabulary] row first. The
+            # gather is a copy, so the temperature divides it in place
             rows = at + 1 if mask is None else mask.flatten().nonzero().squeeze(-1)[at + 1]
-            policy_next = out.logits.flatten(0, 1)[rows].detach().float() / temperature
+            policy_next = out.logits.detach().flatten(0, 1)[rows].float().div_(temperature)
         if vocab_topk:
             vocab = draft_vocabulary(policy_next, targets[at], vocab_topk)
             head = head[vocab]

@@ -70,11 +70,10 @@ def real_model_batch(ckpt: Path, prompts: int, n: int, response_tokens: int, wid
     ``samples`` (a scripts/graft_mtp_real.py sample set) the prompts and responses are the model's own instead, each
     response cut to ``response_tokens`` (shorter ones left out): the update's cost depends on the lengths alone, except
     with ``spec.mtp.loss_vocab_topk``, whose shortlist is as wide as the policy is unsure, far wider on random ids."""
-    import pickle
-
     import torch
 
     from mtp.checkpoint import load_tokenizer
+    from mtp.head_training import load_samples
     from recipe.dapo.batch import build_batch
     from recipe.dapo.rollout import Response
     from recipe.data.loader import load_problems
@@ -86,15 +85,16 @@ def real_model_batch(ckpt: Path, prompts: int, n: int, response_tokens: int, wid
     gen = torch.Generator().manual_seed(0)
     responses = []
     if samples is not None:
-        arrays, _ = pickle.loads(samples.read_bytes())
-        own = [(ids[mask == 0], ids[mask == 1]) for ids, mask in arrays if int(mask.sum()) >= response_tokens]
+        own = [s for s in load_samples(samples)[0] if int(s.response_mask.sum()) >= response_tokens]
         if len(own) < len(problems):
             raise SystemExit(f"{samples}: {len(own)} responses of >= {response_tokens} tokens, {len(problems)} needed")
-        for i, (prompt, response) in enumerate(own[: len(problems)]):
+        for i, s in enumerate(own[: len(problems)]):
+            prompt, response = s.ids[s.response_mask == 0], s.ids[s.response_mask == 1]
             responses.append(Response(i, prompt.tolist(), response[:response_tokens].tolist(), "", "length"))
-    for i, p in enumerate(problems if samples is None else []):
-        ids = torch.randint(100, len(tok), (response_tokens - 1,), generator=gen).tolist() + [tok.eos_token_id]
-        responses.append(Response(i, encode_prompt(tok, p.messages), ids, "", "stop"))
+    else:
+        for i, p in enumerate(problems):
+            ids = torch.randint(100, len(tok), (response_tokens - 1,), generator=gen).tolist() + [tok.eos_token_id]
+            responses.append(Response(i, encode_prompt(tok, p.messages), ids, "", "stop"))
     uids = [str(i // n) for i in range(len(problems))]
     batch = build_batch(responses, problems, uids, tok.pad_token_id, 0, width)
     mask = batch.batch["response_mask"]

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import pickle
 import sys
 import time
 from pathlib import Path
@@ -85,11 +84,18 @@ def main() -> None:
 
     from mtp.checkpoint import has_mtp_layer, load_tokenizer
     from mtp.graft import graft_mtp
-    from mtp.head_training import WARMUP_PROMPTS, held_out_prompts, mtp_acceptance, own_samples, train_head
+    from mtp.head_training import (
+        WARMUP_PROMPTS,
+        held_out_prompts,
+        load_samples,
+        mtp_acceptance,
+        own_samples,
+        save_samples,
+        train_head,
+    )
     from recipe.dapo.data import load_prompts
     from recipe.data.word_problems import write_splits
     from recipe.models import CACHE_DIR, resolve_model
-    from recipe.sft.train import TokenizedExample
 
     missing = [path for path in args.extra_samples if not Path(path).is_file()]
     if missing:
@@ -118,8 +124,7 @@ def main() -> None:
         / f"{name}-mtp-samples{first}-p{args.train_prompts}-n{args.n}-t{args.max_tokens}-s{args.seed}-{args.dtype}.pkl"
     )
     if cache.is_file():
-        arrays, report["samples"] = pickle.loads(cache.read_bytes())
-        samples = [TokenizedExample(ids, mask) for ids, mask in arrays]
+        samples, report["samples"] = load_samples(cache)
     else:
         t0 = time.time()
         samples, summary = own_samples(grafted, train_prompts, args.n, args.max_tokens, args.seed, dtype=args.dtype)
@@ -129,11 +134,10 @@ def main() -> None:
             "tokens_per_s": summary["throughput_tok_s"],
             "seconds": time.time() - t0,
         }
-        arrays = [(s.ids, s.response_mask) for s in samples]
-        cache.write_bytes(pickle.dumps((arrays, report["samples"])))
+        save_samples(cache, samples, report["samples"])
     for path in args.extra_samples:
-        arrays, extra = pickle.loads(Path(path).read_bytes())
-        samples += [TokenizedExample(ids, mask) for ids, mask in arrays]
+        more, extra = load_samples(path)
+        samples += more
         for key in ("responses", "response_tokens", "seconds"):
             report["samples"][key] += extra[key]
     # a fresh graft drafts at chance either way; a head continued from drafts as it will after training

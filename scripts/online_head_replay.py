@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import pickle
 import shlex
 import sys
 from pathlib import Path
@@ -162,8 +161,8 @@ def main() -> None:
     import torch
 
     from mtp.checkpoint import load_checkpoint
-    from mtp.head_training import cache_trunk
-    from recipe.sft.train import TokenizedExample, pack_batches
+    from mtp.head_training import cache_trunk, load_samples
+    from recipe.sft.train import pack_batches
 
     configs = []
     for item in args.configs.split(","):
@@ -176,16 +175,13 @@ def main() -> None:
             parser.error(f"--configs {item!r}: expected lr:warmup_steps[:vocab_topk], e.g. 3e-4:4 or 1e-4:0:32")
         configs.append((lr, warmup, topk))
 
-    def samples(path: str) -> list:
-        if not Path(path).is_file():
-            parser.error(f"{path}: no such sample set (scripts/graft_mtp_real.py writes them)")
-        arrays, _ = pickle.loads(Path(path).read_bytes())
-        return [TokenizedExample(ids, mask) for ids, mask in arrays]
-
     torch.manual_seed(args.seed)
     model = load_checkpoint(args.checkpoint, torch.float32)
     model.requires_grad_(False)
-    train = samples(args.samples)
+    try:
+        train, _ = load_samples(args.samples)
+    except FileNotFoundError as err:
+        parser.error(str(err))
     held_out, train = train[-args.eval_responses :], train[: -args.eval_responses]
     needed = args.steps * args.minis * args.responses_per_mini
     if len(train) < needed:

@@ -7,7 +7,9 @@ import ctypes
 import ctypes.util
 import functools
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -18,6 +20,9 @@ from mtp import warm_up_group
 from mtp.loss import draft_vocabulary, mtp_loss, mtp_targets, roll_packed, sample_sequences
 from mtp.model import MiMoForCausalLM, MiMoOutput
 from recipe.dapo.timeline import timed
+
+if TYPE_CHECKING:
+    from verl import DataProto
 
 logger = logging.getLogger(__name__)
 
@@ -266,33 +271,38 @@ class Actor:
             config=self.actor_cfg,
         )
 
+    def mini_batches(self, batch: DataProto) -> Iterator[tuple[DataProto, int, list[tuple[DataProto, float]]]]:
+        """Each ppo mini-batch of ``batch``, its response-token count (the token-mean loss's denominator) and its
+        micro-batches, each with its share of those tokens: the weight of its mean loss in the mini-batch's."""
+        actor = self.cfg.actor_rollout_ref.actor
+        mini_rows = actor.ppo_mini_batch_size * self.cfg.actor_rollout_ref.rollout.n
+        micro = actor.ppo_micro_batch_size_per_gpu
+        for m0 in range(0, len(batch), mini_rows):
+            mini = batch[m0 : m0 + mini_rows]
+            tokens = int(mini.batch["response_mask"].sum())
+            micros = [mini[u0 : u0 + micro] for u0 in range(0, len(mini), micro)]
+            yield mini, tokens, [(mb, float(mb.batch["response_mask"].sum()) / max(1, tokens)) for mb in micros]
+
     def train_head(self, batch, timing: dict[str, float]) -> dict[str, float]:
         """Head-only AdamW steps on responses the policy's update leaves out (``spec.mtp.train_on_dropped_groups``: the
         groups dynamic filtering dropped), one per ppo mini-batch of rows with the update's loss, scale, fraction and
         clipping. The policy's parameters get no gradient here, so AdamW's step moves the head alone; the learning-rate
         schedule is stepped by :meth:`update` only."""
         cfg = self.cfg
-        actor = cfg.actor_rollout_ref.actor
         temperature = cfg.actor_rollout_ref.rollout.temperature
-        micro = actor.ppo_micro_batch_size_per_gpu
-        mini_rows = actor.ppo_mini_batch_size * cfg.actor_rollout_ref.rollout.n
         fraction = float(cfg.spec.mtp.loss_sequence_fraction)
         sums: dict[str, list[float]] = {}
         with timed(timing, "mtp_dropped_groups"):
-            for m0 in range(0, len(batch), mini_rows):
-                mini = batch[m0 : m0 + mini_rows]
-                tokens = int(mini.batch["response_mask"].sum())
+            for _, _, micros in self.mini_batches(batch):
                 self.optimizer.zero_grad(set_to_none=True)
-                for u0 in range(0, len(mini), micro):
-                    mb = mini[u0 : u0 + micro]
+                for mb, share in micros:
                     loss, acc = head_loss_rows(
                         self.policy, mb, temperature, fraction, self.mtp_objective, self.mtp_vocab_topk
                     )
-                    share = float(mb.batch["response_mask"].sum()) / max(1, tokens)
                     (cfg.spec.mtp.loss_scaling_factor * loss * share).backward()
                     sums.setdefault("mtp/dropped_head_loss", []).append(loss.item())
                     sums.setdefault("mtp/dropped_head_acc", []).append(acc.item())
-                norm = torch.nn.utils.clip_grad_norm_(self.mtp_params, actor.grad_clip)
+                norm = torch.nn.utils.clip_grad_norm_(self.mtp_params, cfg.actor_rollout_ref.actor.grad_clip)
                 sums.setdefault("mtp/dropped_grad_norm", []).append(float(norm))
                 self.optimizer.step()
         metrics = {k: float(np.mean(v)) for k, v in sums.items()}
@@ -306,7 +316,6 @@ class Actor:
         cfg = self.cfg
         actor = cfg.actor_rollout_ref.actor
         temperature = cfg.actor_rollout_ref.rollout.temperature
-        n = cfg.actor_rollout_ref.rollout.n
         micro = actor.ppo_micro_batch_size_per_gpu
         head_metrics: dict[str, list[float]] = {}
         # a frozen head's loss and top-1 accuracy on this step's responses come from the no-grad old-log-prob
@@ -333,19 +342,15 @@ class Actor:
             )
             batch.batch["advantages"], batch.batch["returns"] = adv, returns
         sums: dict[str, list[float]] = dict(head_metrics)
-        mini_rows = actor.ppo_mini_batch_size * n
         mtp_fraction = float(cfg.spec.mtp.loss_sequence_fraction) if self.mtp_online else 1.0
         with timed(timing, "update_actor"):
             for _ in range(actor.ppo_epochs):
-                for m0 in range(0, len(batch), mini_rows):
-                    mini = batch[m0 : m0 + mini_rows]
-                    tokens = int(mini.batch["response_mask"].sum())
+                for mini, tokens, micros in self.mini_batches(batch):
                     self.actor_cfg.global_batch_info.update(
                         dp_size=1, batch_num_tokens=tokens, global_batch_size=len(mini)
                     )
                     self.optimizer.zero_grad(set_to_none=True)
-                    for u0 in range(0, len(mini), micro):
-                        mb = mini[u0 : u0 + micro]
+                    for mb, share in micros:
                         out = forward_rows(
                             self.policy, mb, temperature, with_mtp=self.mtp_online, mtp_fraction=mtp_fraction,
                             mtp_objective=self.mtp_objective, mtp_vocab_topk=self.mtp_vocab_topk,
@@ -355,7 +360,6 @@ class Actor:
                             mb.batch["old_log_probs"], out.log_probs, mb.batch["advantages"], mask
                         )
                         loss = pg_loss
-                        share = float(mask.sum()) / max(1, tokens)
                         if self.mtp_online:
                             loss = loss + cfg.spec.mtp.loss_scaling_factor * out.mtp_loss * share
                             for key in ("mtp/loss", "mtp/head_loss"):

@@ -9,7 +9,15 @@ import pytest
 import torch
 
 from mtp.checkpoint import load_checkpoint, save_checkpoint
-from mtp.head_training import cache_trunk, draft_and_target, held_out_acceptance, pack_loss, train_head
+from mtp.head_training import (
+    cache_trunk,
+    draft_and_target,
+    held_out_acceptance,
+    load_samples,
+    pack_loss,
+    save_samples,
+    train_head,
+)
 from mtp.loss import draft_vocabulary, expected_acceptance, objective_loss
 from mtp.model import MiMoConfig, MiMoForCausalLM
 from recipe.sft.train import TokenizedExample
@@ -108,3 +116,18 @@ def test_pack_loss_is_the_online_loss_on_cached_states_over_the_vocabulary_or_it
     masked[:, vocab] = logits[:, vocab]
     assert short.item() == pytest.approx(objective_loss("acceptance", masked, c.targets, teacher)[0].item(), rel=1e-6)
     assert abs(short.item() - full.item()) > 1e-3
+
+
+def test_a_sample_set_reads_back_as_written_and_a_missing_one_is_named(tmp_path):
+    written = samples(300, count=5)
+    written[2] = TokenizedExample(written[2].ids[:31], written[2].response_mask[:31])  # sets hold ragged responses
+    path = tmp_path / "set.pkl"
+    save_samples(path, written, {"responses": 5, "seconds": 1.5})
+    read, summary = load_samples(path)
+    assert summary == {"responses": 5, "seconds": 1.5}
+    assert [len(s.ids) for s in read] == [60, 60, 31, 60, 60]
+    for a, b in zip(read, written, strict=True):
+        np.testing.assert_array_equal(a.ids, b.ids)
+        np.testing.assert_array_equal(a.response_mask, b.response_mask)
+    with pytest.raises(FileNotFoundError, match="nowhere.pkl: no such sample set"):
+        load_samples(tmp_path / "nowhere.pkl")
