@@ -175,13 +175,13 @@ def main() -> None:
             parser.error(f"--configs {item!r}: expected lr:warmup_steps[:vocab_topk], e.g. 3e-4:4 or 1e-4:0:32")
         configs.append((lr, warmup, topk))
 
-    torch.manual_seed(args.seed)
-    model = load_checkpoint(args.checkpoint, torch.float32)
-    model.requires_grad_(False)
     try:
         train, _ = load_samples(args.samples)
     except FileNotFoundError as err:
         parser.error(str(err))
+    torch.manual_seed(args.seed)
+    model = load_checkpoint(args.checkpoint, torch.float32)
+    model.requires_grad_(False)
     held_out, train = train[-args.eval_responses :], train[: -args.eval_responses]
     needed = args.steps * args.minis * args.responses_per_mini
     if len(train) < needed:
