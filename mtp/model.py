@@ -212,7 +212,7 @@ class TrunkModel(nn.Module):
 
 @dataclass
 class MiMoOutput:
-    logits: torch.Tensor  # [T, V]: next-token logits (or [P, V] at logit_positions)
+    logits: torch.Tensor  # [T, V]: next-token logits (or [P, V] at output_from_states' logit_positions)
     hidden: torch.Tensor  # [T, H]: last trunk hidden state before the final norm
     embeds: torch.Tensor  # [T, H]: the token embeddings (the MTP layers read token t+1's)
     mtp_logits: list[torch.Tensor]  # per MTP layer k: [T, V] (or [P, V] at mtp_positions): t predicts token t+2+k
@@ -313,8 +313,6 @@ class MiMoForCausalLM(nn.Module):
         with_mtp: bool = True,
         detach_mtp_inputs: bool = True,
         mtp_positions: torch.Tensor | None = None,
-        train_trunk: bool = True,
-        logit_positions: torch.Tensor | None = None,
     ) -> MiMoOutput:
         """Forward a packed stream ``input_ids`` [T] with boundaries ``cu_seqlens`` (default: one sequence).
 
@@ -324,11 +322,6 @@ class MiMoForCausalLM(nn.Module):
         trains: the MTP layers run only on the sequences holding one, up to the last (:func:`needed_rows`), and
         the last layer's MLP and norms and the LM head on those positions alone, which in RL skips the prompt
         tokens (and, with :func:`mtp.loss.sample_sequences`, the sequences left out).
-
-        ``train_trunk=False`` runs the trunk and the LM head without autograd (the MTP layers still build their
-        graph): training the head alone on rows the policy does not train on then costs no trunk backward and
-        keeps no trunk activations. ``logit_positions`` returns next-token logits only there ([P, V]), the LM
-        head's cost over the rest of the stream skipped.
         """
         total = input_ids.shape[0]
         if cu_seqlens is None:
@@ -336,13 +329,23 @@ class MiMoForCausalLM(nn.Module):
         positions = packed_positions(cu_seqlens, total)
         lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
         cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta)
-        with torch.set_grad_enabled(train_trunk and torch.is_grad_enabled()):
-            embeds, hidden = self.trunk(input_ids, cos, sin, lengths)
-            logits = self.lm_head(self.model.norm(hidden if logit_positions is None else hidden[logit_positions]))
+        embeds, hidden = self.trunk(input_ids, cos, sin, lengths)
+        logits = self.lm_head(self.model.norm(hidden))
         out = MiMoOutput(logits=logits, hidden=hidden, embeds=embeds, mtp_logits=[])
         if with_mtp:
             out.mtp_logits = self.draft_logits(out, cu_seqlens, detach_mtp_inputs, mtp_positions)
         return out
+
+    def output_from_states(
+        self, input_ids: torch.Tensor, hidden: torch.Tensor, logit_positions: torch.Tensor
+    ) -> MiMoOutput:
+        """A forward's output from the trunk's pre-norm hidden states computed elsewhere (``hidden``, [T, H]: the
+        rollout engine's), for training the MTP layers alone: the embeddings, and next-token logits only at
+        ``logit_positions`` ([P, V], where a loss reads its teacher), without autograd. The trunk does not run."""
+        with torch.no_grad():
+            embeds = self.model.embed_tokens(input_ids)
+            logits = self.lm_head(self.model.norm(hidden[logit_positions]))
+        return MiMoOutput(logits=logits, hidden=hidden, embeds=embeds, mtp_logits=[])
 
     def draft_logits(
         self,

@@ -42,7 +42,8 @@ def build_batch(
     prompt_width: int,
     response_width: int,
 ):
-    """A veRL DataProto for ``responses``; ``problems[r.prompt_index]`` / ``uids[...]`` give each one's group.
+    """A veRL DataProto for ``responses``; ``problems[r.prompt_index]`` / ``uids[...]`` give each one's group, and
+    ``trunk_states`` holds the rollout's trunk states where the responses carry them.
 
     Prompts are left-padded to ``prompt_width`` and responses right-padded to ``response_width``
     (``data.max_prompt_length`` / ``data.max_response_length``, as veRL pads them), so batches of different
@@ -78,6 +79,10 @@ def build_batch(
         ),
         "extra_info": np.array([{"index": problems[r.prompt_index].index} for r in responses], dtype=object),
     }
+    if responses[0].trunk_states is not None:  # ragged: an object array of one [positions, hidden] array per row
+        non_tensors["trunk_states"] = np.empty(b, dtype=object)
+        for i, r in enumerate(responses):
+            non_tensors["trunk_states"][i] = r.trunk_states
     return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors)
 
 

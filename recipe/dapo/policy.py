@@ -164,16 +164,33 @@ def head_loss_at(
     return mtp_loss(objective, head / temperature, targets, teacher, vocab)
 
 
+def packed_trunk_states(batch, rows: PackedRows, dtype: torch.dtype) -> torch.Tensor:
+    """The rows' ``trunk_states`` (the rollout's, :class:`~recipe.dapo.rollout.TrunkStateLog`) as one stream aligned
+    with :func:`pack_rows`; each row's last position, which no token was sampled from, is zero."""
+    if "trunk_states" not in batch.non_tensor_batch:
+        raise ValueError(
+            "the rows the head trains on alone carry the rollout's trunk states (generate(keep_trunk_states=True))"
+        )
+    parts = []
+    for i, states in enumerate(batch.non_tensor_batch["trunk_states"]):
+        tokens = rows.prompt_lens[i] + rows.response_lens[i]
+        if len(states) != tokens - 1:
+            raise ValueError(f"row {i}: {len(states)} trunk states for {tokens} tokens (one per token but the last)")
+        parts += [torch.from_numpy(states), torch.zeros(1, states.shape[1])]
+    return torch.cat(parts).to(dtype)
+
+
 def head_loss_rows(
     model: MiMoForCausalLM, batch, temperature: float, mtp_fraction: float, mtp_objective: str, mtp_vocab_topk: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The online MTP loss of :func:`forward_rows` (and its top-1 accuracy) on rows the policy does not train on: the
-    trunk runs without autograd and the LM head only where the loss reads its teacher, so a row costs a no-grad trunk
-    forward plus the head's forward and backward."""
+    """The online MTP loss of :func:`forward_rows` (and its top-1 accuracy) on rows the policy does not train on, from
+    the trunk states the rollout computed for them (:func:`packed_trunk_states`): the trunk does not run again and the
+    LM head only where the loss reads its teacher, so a row costs that and the head's forward and backward."""
     rows = pack_rows(batch)
+    hidden = packed_trunk_states(batch, rows, model.lm_head.weight.dtype)
     every_target, trained = mtp_targets(rows.input_ids, rows.response_mask, rows.cu_seqlens, depth=0)
     mtp_positions = sample_sequences(trained.nonzero().squeeze(-1), rows.cu_seqlens, mtp_fraction)
-    out = model(rows.input_ids, rows.cu_seqlens, with_mtp=False, train_trunk=False, logit_positions=mtp_positions + 1)
+    out = model.output_from_states(rows.input_ids, hidden, mtp_positions + 1)
     return head_loss_at(
         model, out, rows.cu_seqlens, mtp_positions, every_target[mtp_positions], out.logits.float() / temperature,
         temperature, mtp_objective, mtp_vocab_topk,

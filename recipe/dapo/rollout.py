@@ -34,6 +34,9 @@ class Response:
     token_ids: list[int]
     text: str
     finish_reason: str | None
+    # the trunk's last hidden states (before its final norm) at positions 0 .. len(prompt)+len(tokens)-2, the ones
+    # each next token was sampled from, as the engine's MTP drafter read them (``generate(keep_trunk_states=True)``)
+    trunk_states: np.ndarray | None = None
 
 
 @dataclass
@@ -138,7 +141,9 @@ class Rollout(Protocol):
 
     tokenizer: Any
 
-    def generate(self, prompts: list[list[int]], n: int, sampling: dict, progress: bool = False) -> RolloutResult: ...
+    def generate(
+        self, prompts: list[list[int]], n: int, sampling: dict, progress: bool = False, keep_trunk_states: bool = False
+    ) -> RolloutResult: ...
 
     def evaluate(
         self, problems: list[Problem], n: int, temperature: float, top_p: float, max_tokens: int
@@ -157,6 +162,81 @@ class Rollout(Protocol):
     def load_drafter_state(self, blob: bytes) -> None: ...
 
     def close(self) -> None: ...
+
+
+class TrunkStateLog:
+    """Wraps an MTP (or EAGLE) drafter's ``propose`` in a vLLM worker and keeps, while armed, the trunk hidden states
+    the runner hands it each engine step: one per scheduled token, with its position and request. The online head
+    then trains on responses the policy's update leaves out (``spec.mtp.train_on_dropped_groups``) from the states
+    the rollout already computed, without running the trunk over them again.
+
+    A rejected draft's state is logged too, at the position of the token sampled in its place; that token is fed
+    the next step, whose state then wins (:meth:`take` keeps each position's latest). A request that ends on a
+    rejection leaves a stale state at its last position only, which no next token was sampled from."""
+
+    def __init__(self, runner):
+        self.runner = runner
+        self.propose = runner.drafter.propose
+        self.armed = False
+        self.steps: list[tuple[list[str], np.ndarray, torch.Tensor, torch.Tensor]] = []
+
+    def __call__(self, *args, **kwargs):
+        if self.armed:
+            cad = kwargs["common_attn_metadata"]
+            num_tokens = int(cad.query_start_loc_cpu[cad.num_reqs])
+            self.steps.append(
+                (
+                    list(self.runner.input_batch.req_ids[: cad.num_reqs]),
+                    cad.query_start_loc_cpu[: cad.num_reqs + 1].numpy().copy(),
+                    kwargs["target_positions"][:num_tokens].clone(),
+                    kwargs["target_hidden_states"][:num_tokens].detach().clone(),
+                )
+            )
+        return self.propose(*args, **kwargs)
+
+    def take(self) -> dict[str, np.ndarray]:
+        """Each logged request's states by position ([last position + 1, hidden], float32; NaN rows where none was
+        logged), each position's latest write; the log is emptied and disarmed."""
+        steps, self.steps, self.armed = self.steps, [], False
+        if not steps:
+            return {}
+        index: dict[str, int] = {}
+        request = np.concatenate(
+            [np.repeat([index.setdefault(r, len(index)) for r in ids], np.diff(starts)) for ids, starts, _, _ in steps]
+        )
+        position = torch.cat([pos for _, _, pos, _ in steps]).cpu().numpy().astype(np.int64)
+        states = torch.cat([h for _, _, _, h in steps]).float().cpu().numpy()
+        key = request.astype(np.int64) * (int(position.max()) + 1) + position
+        order = np.lexsort((np.arange(len(key)), key))  # by key, then by when it was written
+        latest = order[np.r_[key[order][1:] != key[order][:-1], True]]
+        out: dict[str, np.ndarray] = {}
+        for name, i in index.items():
+            rows = latest[request[latest] == i]
+            table = np.full((int(position[rows].max()) + 1, states.shape[1]), np.nan, dtype=np.float32)
+            table[position[rows]] = states[rows]
+            out[name] = table
+        return out
+
+
+def _arm_trunk_state_log_on_worker(worker) -> None:
+    """Runs in a vLLM worker: start logging the drafter's trunk states (:class:`TrunkStateLog`, installed the first
+    time)."""
+    from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
+
+    runner = worker.model_runner
+    drafter = getattr(runner, "drafter", None)
+    if not isinstance(drafter, SpecDecodeBaseProposer):
+        raise ValueError(
+            f"keep_trunk_states needs a drafter that reads the trunk's hidden states (spec=mtp), not {type(drafter)}"
+        )
+    if not isinstance(drafter.propose, TrunkStateLog):
+        drafter.propose = TrunkStateLog(runner)
+    drafter.propose.armed = True
+
+
+def _take_trunk_states_on_worker(worker) -> dict[str, np.ndarray]:
+    """Runs in a vLLM worker: the logged states by vLLM's request id (:meth:`TrunkStateLog.take`)."""
+    return worker.model_runner.drafter.propose.take()
 
 
 def _reseed_worker(worker, seed: int) -> None:
@@ -225,13 +305,19 @@ class RolloutEngine:
         if free_cache_engine and not self.can_sleep:
             logger.info("rollout.free_cache_engine: vLLM sleep mode needs a GPU; the CPU engine stays resident")
 
-    def generate(self, prompts: list[list[int]], n: int, sampling: dict, progress: bool = False) -> RolloutResult:
-        """``n`` samples for each prompt (token ids); one timeline entry per engine step."""
+    def generate(
+        self, prompts: list[list[int]], n: int, sampling: dict, progress: bool = False, keep_trunk_states: bool = False
+    ) -> RolloutResult:
+        """``n`` samples for each prompt (token ids); one timeline entry per engine step. With ``keep_trunk_states``
+        each response carries the trunk states its tokens were sampled from (:attr:`Response.trunk_states`; MTP
+        drafter only)."""
         from tqdm import tqdm
         from vllm import SamplingParams, TokensPrompt
 
         engine = self.llm.llm_engine
         params = SamplingParams(n=1, **sampling)
+        if keep_trunk_states:
+            self.llm.collective_rpc(_arm_trunk_state_log_on_worker)
         owner: dict[str, int] = {}
         for p_i, ids in enumerate(prompts):
             for _ in range(n):
@@ -270,11 +356,32 @@ class RolloutEngine:
         bar.close()
         if busy_before is not None:
             timeline.drafter_s = float((self.drafter_busy() - busy_before)[0].sum())
+        states = self._trunk_states(owner, finished, prompts) if keep_trunk_states else {}
         responses = []
         for rid, p_i in owner.items():
             comp = finished[rid].outputs[0]
-            responses.append(Response(p_i, list(prompts[p_i]), list(comp.token_ids), comp.text, comp.finish_reason))
+            responses.append(
+                Response(p_i, list(prompts[p_i]), list(comp.token_ids), comp.text, comp.finish_reason, states.get(rid))
+            )
         return RolloutResult(responses, timeline)
+
+    def _trunk_states(self, owner: dict[str, int], finished: dict[str, Any], prompts: list[list[int]]) -> dict:
+        """The logged trunk states of each request (by its id here), cut to the positions its tokens were sampled
+        from. vLLM suffixes the ids it is given (``<id>-<8 characters>``)."""
+        logged = {
+            rid.rsplit("-", 1)[0]: s for rid, s in self.llm.collective_rpc(_take_trunk_states_on_worker)[0].items()
+        }
+        out = {}
+        for rid, p_i in owner.items():
+            length = len(prompts[p_i]) + len(finished[rid].outputs[0].token_ids) - 1
+            table = logged.get(rid)
+            if table is None or len(table) < length or np.isnan(table[:length]).any():
+                raise RuntimeError(
+                    f"request {rid}: the drafter was not handed the trunk state of every one of its first {length} "
+                    "positions (a prefix served from vLLM's prefix cache has none)"
+                )
+            out[rid] = table[:length]
+        return out
 
     def evaluate(
         self, problems: list[Problem], n: int, temperature: float, top_p: float, max_tokens: int

@@ -175,7 +175,8 @@ class DAPOTrainer:
     def collect(self, timing: dict[str, float]) -> tuple[object, object, dict[str, float]]:
         """Generation rounds with DAPO dynamic filtering until ``train_batch_size`` groups are kept. Returns the kept
         batch, the responses it leaves out when the online head trains on them (``spec.mtp.train_on_dropped_groups``: the
-        dropped groups and any kept beyond ``train_batch_size``; else None), and the rounds' metrics."""
+        dropped groups and any kept beyond ``train_batch_size``, with the trunk states the rollout computed for them;
+        else None), and the rounds' metrics."""
         from verl import DataProto
 
         cfg = self.cfg
@@ -194,7 +195,13 @@ class DAPOTrainer:
             self.engine.reseed(seed)
             start = time.perf_counter()
             with timed(timing, "gen"):
-                result = self.engine.generate(prompt_ids, n, self.sampling, progress=bool(self.options.progress_bar))
+                result = self.engine.generate(
+                    prompt_ids,
+                    n,
+                    self.sampling,
+                    progress=bool(self.options.progress_bar),
+                    keep_trunk_states=self.actor.head_trains_on_dropped,
+                )
             gen_s = time.perf_counter() - start
             with timed(timing, "reward"):
                 batch = build_batch(
@@ -240,6 +247,8 @@ class DAPOTrainer:
             if self.actor.head_trains_on_dropped:
                 left_out.append(kept_batch[want * n :])
             kept_batch = kept_batch[: want * n]
+        if kept_batch is not None:  # the update runs the trunk over its rows anyway
+            kept_batch.non_tensor_batch.pop("trunk_states", None)
         stats = self._round_metrics(rounds, np.concatenate(scores_all))
         return kept_batch, DataProto.concat(left_out) if left_out else None, stats
 

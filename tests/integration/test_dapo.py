@@ -181,3 +181,40 @@ def test_trainer_log_probs_equal_vllm_sampling_log_probs(harness_model):
         expected = np.array([step[t].logprob for step, t in zip(comp.logprobs, comp.token_ids, strict=True)])
         np.testing.assert_allclose(log_probs[k, : len(expected)].numpy(), expected, atol=1e-3)
         assert float(log_probs[k, len(expected) :].abs().sum()) == 0.0  # padding scores nothing
+
+
+def test_the_rollouts_trunk_states_are_the_policys_hidden_states(harness_model):
+    """``generate(keep_trunk_states=True)`` on the MTP drafter hands each response the trunk states its tokens were
+    sampled from: the policy's own pre-norm hidden states at every position of prompt and response but the last, with
+    drafts both accepted and rejected on the way (fails if a rejected draft's state is kept, if a position shifts, or
+    if vLLM's suffixed request ids are matched to the wrong response). A round without it carries none."""
+    import numpy as np
+    import torch
+
+    from mtp.checkpoint import load_checkpoint
+    from recipe.dapo.data import load_prompts
+    from recipe.dapo.rollout import RolloutEngine
+    from recipe.engine import EngineOptions, speculative_config
+
+    engine = RolloutEngine(
+        str(harness_model),
+        speculative_config("mtp", 1),
+        EngineOptions(max_model_len=512, dtype="float32"),
+        free_cache_engine=False,
+    )
+    try:
+        _, ids = load_prompts(str(harness_model.parent / "data" / "test.parquet"), engine.tokenizer, 160, max_rows=3)
+        sampling = {"temperature": 1.0, "top_p": 1.0, "max_tokens": 96}
+        kept = engine.generate(ids, 4, sampling, keep_trunk_states=True)
+        plain = engine.generate(ids[:1], 2, sampling)
+    finally:
+        engine.close()
+    summary = kept.timeline.summary(1)
+    assert 0 < summary["accepted_tokens"] < summary["draft_tokens"], summary  # some drafts accepted, some rejected
+    assert all(r.trunk_states is None for r in plain.responses)
+    model = load_checkpoint(harness_model)
+    for r in kept.responses:
+        with torch.no_grad():
+            hidden = model(torch.tensor(r.prompt_ids + r.token_ids), with_mtp=False).hidden[:-1]
+        assert r.trunk_states.shape == tuple(hidden.shape)
+        np.testing.assert_allclose(r.trunk_states, hidden.numpy(), rtol=1e-3, atol=1e-3)
