@@ -43,6 +43,11 @@ from sam.cells import LEVELS, MATCH_BANDS, SOURCES, bands, likeliest_gain
 EXPLORE_UNTIL = 32  # steps with drafts an engine observes before it stops exploring what drafting costs
 EXPLORE_EVERY = 16  # ... on one step in this many
 EXPLORE_CHANCE = 0.5  # ... with the draft tokens at least this likely to be accepted
+PRICED_AFTER = 8  # timed steps before a step's cost is priced
+PRIOR_MIN_ROW_SHARE = 0.01  # the prior (a draft token costs a request) prices drafts only where requests carry at
+# least this share of the mean step's cost; below it the prior calls drafts free, so drafting waits for a timed step
+# that carried drafts (an exploring one): on CI a tiny model's per-row cost fitted exactly 0 and, the prior's price
+# being 0, the engine never drafted, never explored, and never learned what a draft costs
 CATCH_UP_EVERY = 4  # where no draft token can pay, the drafter works (takes the tokens verified since, settles
 # and starts shadow drafts) on one step in this many (sam.vllm.SAMProposer.propose)
 
@@ -213,7 +218,7 @@ class StepCost:
         return a + b * rows + c * drafted + (e + f * rows) * (drafted > 0)
 
     def observe(self, rows: int, drafted: int, seconds: float) -> None:
-        if self.steps >= 8:  # a stall (another process, a pause) must not teach that drafts are dear or free
+        if self.priced:  # a stall (another process, a pause) must not teach that drafts are dear or free
             seconds = min(seconds, 4.0 * self.seconds(rows, drafted) + 1e-4)
         _forget_and_add(self.xtx, self.xty, self.decay, rows, drafted, seconds)
         self.steps = self.decay * self.steps + 1.0
@@ -244,8 +249,17 @@ class StepCost:
         self.coef, _ = scipy.optimize.nnls(chol.T, scipy.linalg.solve_triangular(chol, self.xty, lower=True))
 
     @property
+    def priced(self) -> bool:
+        """Whether enough steps were timed to price a step without drafts (exploring steps may then draft)."""
+        return self.steps >= PRICED_AFTER
+
+    @property
     def known(self) -> bool:
-        return self.steps >= 8 and self.coef[1] + self.coef[2] > 0
+        """Whether a draft token has a price: from a timed step that carried drafts, or from the prior where a
+        request's cost is a real share of a step's (:data:`PRIOR_MIN_ROW_SHARE`)."""
+        if not self.priced:
+            return False
+        return self.drafted_steps > 0 or self.coef[1] * self.xtx[0, 1] >= PRIOR_MIN_ROW_SHARE * self.xty[0]
 
     @property
     def exploring(self) -> bool:
@@ -262,6 +276,10 @@ class PinnedStepCost(StepCost):
 
     def observe(self, rows: int, drafted: int, seconds: float) -> None:
         pass
+
+    @property
+    def priced(self) -> bool:
+        return True
 
     @property
     def known(self) -> bool:

@@ -366,15 +366,18 @@ class SAMProposer:
         return lengths
 
     def _nothing_can_pay(self, rows: int) -> bool:
-        """Whether no draft can be sent this step: the step cost is not known yet, or no draft can pass the payoff
-        cut at this batch size (:func:`sam.payoff.nothing_can_pay`: a big batch on a compute-bound engine, most
-        steps), and this is no exploring step. Then the drafter works only on one step in
+        """Whether no draft can be sent this step: too few steps were timed to price one, or this is no exploring
+        step and either a draft token has no price yet (:attr:`sam.payoff.StepCost.known`) or no draft can pass the
+        payoff cut at this batch size (:func:`sam.payoff.nothing_can_pay`: a big batch on a compute-bound engine,
+        most steps). Then the drafter works only on one step in
         :data:`sam.payoff.CATCH_UP_EVERY` (:meth:`propose`), drafting only shadows, for the requests with none
         pending: its work on such a step is pure cost."""
-        if not self.step_cost.known:
+        if not self.step_cost.priced:
             return True
         if self.step_cost.exploring and self.steps % EXPLORE_EVERY == 0:
             return False
+        if not self.step_cost.known:
+            return True
         return nothing_can_pay(self.acceptance, rows, self.step_cost.coef, self.options.payoff_margin)
 
     def _defers(self, idle: bool) -> bool:

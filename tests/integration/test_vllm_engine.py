@@ -179,7 +179,8 @@ def test_sam_default_learns_its_step_cost_and_acceptance_inside_the_engine(harne
         llm.llm_engine.engine_core.shutdown()
     a, b, c, e, f = state["cost"]
     # which of a and b a tiny model's steps show depends on the machine (CI fitted b = 0, this one a = 0, 5% off the
-    # mean through the origin): what must hold is that the fit prices the steps the engine timed
+    # mean through the origin): what must hold is that the fit prices the steps the engine timed, and that a draft
+    # token has a price (where b = 0 the prior's is none, and the exploring steps' drafts give it one)
     assert state["known"] and state["mean_step_s"] > 0, state
     assert abs(state["fitted_mean_step_s"] - state["mean_step_s"]) < 0.2 * state["mean_step_s"], state
     assert state["settled_drafts"] > 100, state  # shadow drafts settled against verified tokens

@@ -6,7 +6,15 @@ import pytest
 from test_sam_proposer import Driver, K, filed_responses, make_proposer
 
 from sam.cells import OWN
-from sam.payoff import AcceptanceModel, ShadowDrafts, StepCost, nothing_can_pay, payoff_cut, payoff_lengths
+from sam.payoff import (
+    EXPLORE_EVERY,
+    AcceptanceModel,
+    ShadowDrafts,
+    StepCost,
+    nothing_can_pay,
+    payoff_cut,
+    payoff_lengths,
+)
 
 
 def test_step_cost_recovers_the_cost_of_rows_drafts_and_the_switch_to_verification():
@@ -183,6 +191,35 @@ def test_where_the_engine_is_per_row_overhead_the_cost_of_a_draft_is_explored_an
     # a step whose cost is all per request (Python work per row) and a drafted token nearly free: the prior (a draft
     # costs a request) alone would never draft; exploring steps learn c and the rule then drafts
     assert drafted_tokens(fixed=0.0, per_row=0.004, per_draft=0.0001) > 0.5 * 12 * 5 * 26 * (K / (K + 1))
+
+
+def fixed_cost_steps(cost: StepCost) -> None:
+    """Plain steps of a tiny model: all fixed cost, a per-request slope within the noise (here slightly negative)."""
+    for step in range(400):
+        rows = 1 + step % 32
+        cost.observe(rows, 0, 0.006 - 0.00002 * rows)
+
+
+def test_where_requests_cost_nothing_the_prior_does_not_call_drafts_free_and_drafting_is_explored():
+    """A tiny model's steps are all fixed cost: the per-request cost fits 0 (or rounding's 1e-19), and the prior (a
+    draft token costs a request) would price a draft at 0. A draft's price then comes only from a timed step that
+    carried drafts, which an exploring step provides (on CI the price hinged on 0 vs 1e-19, and at 0 the engine never
+    drafted, so it never explored)."""
+    for decay in (0.99, 0.999):  # the fitted per-request cost: exactly 0, and 1e-19
+        cost = StepCost(decay=decay)
+        fixed_cost_steps(cost)
+        assert cost.priced and not cost.known, cost.coef
+        cost.observe(8, 20, 0.0065)
+        assert cost.known, cost.coef
+    proposer = make_proposer(payoff=True, batch_threshold=256)
+    fixed_cost_steps(proposer.step_cost)
+    driver = ClockedDriver(proposer, periodic_requests(12), fixed=0.006, per_row=-0.00002, per_draft=0.0001)
+    drafted_at = []
+    for _ in range(60):
+        if any(driver.step().values()):
+            drafted_at.append(proposer.steps)
+    # the first draft is an exploring step's; what it taught then lets the cheap drafts pay on most steps after
+    assert drafted_at and drafted_at[0] % EXPLORE_EVERY == 0 and len(drafted_at) > 30, drafted_at
 
 
 def test_the_cut_reports_what_a_sent_draft_token_costs_at_its_fixed_point():
