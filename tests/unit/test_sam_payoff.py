@@ -37,13 +37,18 @@ def test_without_drafting_data_a_draft_token_and_the_switch_are_priced_as_a_requ
     assert abs(c - b) < 1e-6 and abs(f - b) < 1e-6 and e < 1e-6 and abs(b - 0.002) < 2e-4
 
 
+def fixed_cost_steps(cost: StepCost) -> None:
+    """Plain steps of a tiny model: all fixed cost, a per-request slope within the noise (here slightly negative)."""
+    for step in range(400):
+        rows = 1 + step % 32
+        cost.observe(rows, 0, 0.006 - 0.00002 * rows)
+
+
 def test_a_cost_that_noise_makes_negative_is_fitted_as_zero_without_mispricing_the_average_step():
     """A tiny model's per-row cost is within the noise of its steps; the fit must stay non-negative and still price
     the average step it saw (the free fit clipped at zero kept the fixed cost that a negative slope had inflated)."""
     cost = StepCost(decay=0.999)
-    for step in range(400):
-        rows = 1 + step % 32
-        cost.observe(rows, 0, 0.006 - 0.00002 * rows)
+    fixed_cost_steps(cost)
     mean_seconds, mean_features = cost.xty[0] / cost.steps, cost.xtx[0] / cost.steps
     assert (cost.coef >= 0).all() and cost.coef[1] < 1e-6, cost.coef
     assert abs(cost.coef @ mean_features - mean_seconds) < 0.01 * mean_seconds, (cost.coef, mean_seconds)
@@ -191,13 +196,6 @@ def test_where_the_engine_is_per_row_overhead_the_cost_of_a_draft_is_explored_an
     # a step whose cost is all per request (Python work per row) and a drafted token nearly free: the prior (a draft
     # costs a request) alone would never draft; exploring steps learn c and the rule then drafts
     assert drafted_tokens(fixed=0.0, per_row=0.004, per_draft=0.0001) > 0.5 * 12 * 5 * 26 * (K / (K + 1))
-
-
-def fixed_cost_steps(cost: StepCost) -> None:
-    """Plain steps of a tiny model: all fixed cost, a per-request slope within the noise (here slightly negative)."""
-    for step in range(400):
-        rows = 1 + step % 32
-        cost.observe(rows, 0, 0.006 - 0.00002 * rows)
 
 
 def test_where_requests_cost_nothing_the_prior_does_not_call_drafts_free_and_drafting_is_explored():
