@@ -35,6 +35,7 @@ sys.path.insert(0, str(REPO_ROOT))
 from mtp import MTP_OBJECTIVES  # noqa: E402
 
 MODES = ("frozen", "online")
+DROPPED_MODE = "online+dropped"  # --dropped-rows: the head also steps on rows the update leaves out
 
 
 def make_batch(ckpt: Path, prompts: int, n: int, width: int):
@@ -113,14 +114,28 @@ def compose(overrides: list[str]):
         return hydra_compose(config_name="dapo", overrides=overrides)
 
 
-def local_updates(model, batch, overrides: list[str]) -> dict[str, Callable[[], None]]:
-    """One policy update of the local trainer per mode, on a copy of ``batch``."""
+def local_updates(model, batch, overrides: list[str], dropped=None) -> dict[str, Callable[[], None]]:
+    """One policy update of the local trainer per mode, on a copy of ``batch``; with ``dropped`` (rows carrying their
+    trunk states) a third mode, ``DROPPED_MODE``, runs the online head's steps on them before the update, as the
+    local trainer does with ``spec.mtp.train_on_dropped_groups``."""
     from recipe.dapo.policy import Actor
 
     actors = {
         mode: Actor(copy.deepcopy(model), compose(["spec=mtp", f"spec.mtp.train={mode}", *overrides])) for mode in MODES
     }
-    return {mode: (lambda actor=actor: actor.update(copy.deepcopy(batch), {})) for mode, actor in actors.items()}
+    updates = {mode: (lambda actor=actor: actor.update(copy.deepcopy(batch), {})) for mode, actor in actors.items()}
+    if dropped is not None:
+        actor = Actor(
+            copy.deepcopy(model),
+            compose(["spec=mtp", "spec.mtp.train=online", "spec.mtp.train_on_dropped_groups=true", *overrides]),
+        )
+
+        def head_then_update() -> None:
+            actor.train_head(dropped, {})
+            actor.update(copy.deepcopy(batch), {})
+
+        updates[DROPPED_MODE] = head_then_update
+    return updates
 
 
 def verl_updates(checkpoint: Path, batch, cfg) -> dict[str, Callable[[], None]]:
@@ -213,9 +228,10 @@ def time_modes(updates: dict[str, Callable[[], None]], reps: int) -> dict[str, l
     """``reps`` timed updates per mode after one warm-up each, both modes back to back in alternating order."""
     for update in updates.values():
         update()
-    times: dict[str, list[float]] = {mode: [] for mode in MODES}
+    modes = list(updates)
+    times: dict[str, list[float]] = {mode: [] for mode in modes}
     for rep in range(reps):
-        for mode in MODES if rep % 2 == 0 else MODES[::-1]:
+        for mode in modes if rep % 2 == 0 else modes[::-1]:
             t = time.perf_counter()
             updates[mode]()
             times[mode].append(time.perf_counter() - t)
@@ -228,7 +244,7 @@ def summary(depth: int, parameters: int, times: dict[str, list[float]]) -> dict:
     layer costs."""
     online, frozen = np.array(times["online"]), np.array(times["frozen"])
     paired = 100 * (online / frozen - 1)
-    return {
+    row = {
         "trunk_layers": depth,
         "parameters": parameters,
         "frozen_update_s": float(np.median(frozen)),
@@ -238,6 +254,16 @@ def summary(depth: int, parameters: int, times: dict[str, list[float]]) -> dict:
         "overhead_pct_q75": float(np.percentile(paired, 75)),
         "online_minus_frozen_s": float(np.median(online - frozen)),
     }
+    if DROPPED_MODE in times:  # the head's steps on the left-out rows, as a share of the frozen update
+        dropped = 100 * (np.array(times[DROPPED_MODE]) - online) / frozen
+        row |= {
+            "dropped_update_s": float(np.median(times[DROPPED_MODE])),
+            "dropped_s": float(np.median(np.array(times[DROPPED_MODE]) - online)),
+            "dropped_pct": float(np.median(dropped)),
+            "dropped_pct_q25": float(np.percentile(dropped, 25)),
+            "dropped_pct_q75": float(np.percentile(dropped, 75)),
+        }
+    return row
 
 
 def main() -> None:
@@ -269,15 +295,25 @@ def main() -> None:
     parser.add_argument(
         "--loss-vocab-topk", type=int, default=0, help="spec.mtp.loss_vocab_topk of the online mode (0: every token)"
     )
+    parser.add_argument(
+        "--dropped-rows",
+        type=int,
+        default=0,
+        help="local backend, with --model: also time the online head's steps on this many rows the update leaves out "
+        "(spec.mtp.train_on_dropped_groups), from their trunk states, as a third mode",
+    )
     parser.add_argument("--out", default=str(REPO_ROOT / "results" / "mtp"))
     args = parser.parse_args()
     if args.samples and not args.model:
         parser.error("--samples holds a real model's own responses: name that model with --model")
+    if args.dropped_rows and (args.backend != "local" or not args.model):
+        parser.error("--dropped-rows is the local backend's (veRL's trainer drops the groups), with --model")
 
     import torch
     from omegaconf import OmegaConf
 
     from mtp.checkpoint import load_checkpoint
+    from recipe.dapo.policy import own_trunk_states
     from recipe.sft.train import ensure_base_model
 
     if args.backend == "verl":
@@ -295,7 +331,12 @@ def main() -> None:
         base = Path(resolve_model(args.model))
         ckpt = graft_mtp(base, CACHE_DIR / f"{base.name}-mtp-untrained")
         samples = Path(args.samples) if args.samples else None
-        batch = real_model_batch(ckpt, args.prompts, args.n, args.response_tokens, args.response_tokens, samples)
+        extra = -(-args.dropped_rows // args.n)  # whole groups, as dynamic filtering drops them
+        batch = real_model_batch(
+            ckpt, args.prompts + extra, args.n, args.response_tokens, args.response_tokens, samples
+        )
+        kept = args.prompts * args.n
+        batch, dropped = batch[:kept], batch[kept : kept + args.dropped_rows]
     else:
         ckpt = ensure_base_model(OmegaConf.load(REPO_ROOT / "configs" / "sft.yaml"))
         batch = make_batch(ckpt, args.prompts, args.n, 768)
@@ -314,7 +355,8 @@ def main() -> None:
             model = load_checkpoint(depth_ckpt).float()
             depth = model.config.num_hidden_layers
             if args.backend == "local":
-                updates = local_updates(model, batch, overrides)
+                left_out = own_trunk_states(model, dropped) if args.dropped_rows else None
+                updates = local_updates(model, batch, overrides, left_out)
             else:
                 updates = verl_updates(depth_ckpt, batch, compose(["spec=mtp", *overrides]))
             row = summary(depth, model.num_parameters(), time_modes(updates, args.reps))
@@ -331,6 +373,8 @@ def main() -> None:
     name += f"_top{args.loss_vocab_topk}" if topk else ""
     own = f" --samples {args.samples}" if args.samples else ""
     name += "_own_text" if own else ""
+    dropped_arg = f" --dropped-rows {args.dropped_rows}" if args.dropped_rows else ""
+    name += f"_dropped{args.dropped_rows}" if dropped_arg else ""
     (out / f"{name}.json").write_text(json.dumps(rows, indent=2))
     tokens = int(batch.batch["attention_mask"].sum())
     shape = (
@@ -338,7 +382,8 @@ def main() -> None:
     )
     lines = [
         f"Produced by `.venv/bin/python scripts/bench_mtp_overhead.py --backend {args.backend} {shape} --prompts "
-        f"{args.prompts} --n {args.n} --reps {args.reps} --mini {args.mini} --micro {args.micro}{fraction}{objective}{topk}{own}`: "
+        f"{args.prompts} --n {args.n} --reps {args.reps} --mini {args.mini} --micro {args.micro}{fraction}{objective}{topk}{own}"
+        f"{dropped_arg}`: "
         f"{len(batch)} responses ({tokens} tokens, micro-batch {args.micro}, "
         f"mini-batch {args.mini} groups), {args.reps} reps of both modes back to back (order alternating); times are "
         "medians, the overhead is the median of the per-rep ratios (interquartile range in brackets).",
@@ -352,6 +397,23 @@ def main() -> None:
             f"{r['online_update_s']:.3f} | {r['online_minus_frozen_s']:+.3f} | {r['overhead_pct']:+.1f}% "
             f"[{r['overhead_pct_q25']:+.1f}, {r['overhead_pct_q75']:+.1f}] |"
         )
+    if args.dropped_rows:
+        dropped_tokens = int(dropped.batch["attention_mask"].sum())
+        lines += [
+            "",
+            f"The head's steps on {args.dropped_rows} left-out rows ({dropped_tokens} tokens, their trunk states the "
+            "policy's own), run before the online update: their time is the median per-rep difference from the online "
+            "update, and its share of the frozen update.",
+            "",
+            "| trunk layers | online + left-out s/update | left-out rows (s) | per row (ms) | share of the frozen update |",
+            "|---|---|---|---|---|",
+        ]
+        for r in rows:
+            lines.append(
+                f"| {r['trunk_layers']} | {r['dropped_update_s']:.3f} | {r['dropped_s']:+.3f} | "
+                f"{1000 * r['dropped_s'] / args.dropped_rows:.0f} | {r['dropped_pct']:+.1f}% "
+                f"[{r['dropped_pct_q25']:+.1f}, {r['dropped_pct_q75']:+.1f}] |"
+            )
     (out / f"{name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -127,3 +127,20 @@ def select_groups(batch, uids: list[str]):
     wanted = set(uids)
     idx = [i for i, u in enumerate(batch.non_tensor_batch["uid"]) if u in wanted]
     return batch[idx]
+
+
+def spread_rows(batch, count: int, rng: np.random.Generator):
+    """At most ``count`` rows of ``batch`` (order preserved), drawn at random one group at a time: a row of every
+    group before a second of any, so a capped share covers as many prompts as it can."""
+    if count <= 0 or len(batch) <= count:
+        return batch
+    uids = batch.non_tensor_batch["uid"]
+    order = rng.permutation(len(batch))
+    group_rank = {u: r for r, u in enumerate(rng.permutation(sorted(set(uids))))}
+    seen: dict[str, int] = {}
+    within = np.empty(len(batch), dtype=np.int64)
+    for i in order:
+        within[i] = seen.get(uids[i], 0)
+        seen[uids[i]] = within[i] + 1
+    rank = np.array([group_rank[u] for u in uids])
+    return batch[np.sort(np.lexsort((rank, within))[:count]).tolist()]

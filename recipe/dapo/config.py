@@ -122,6 +122,17 @@ def validate(cfg: DictConfig) -> None:
             "spec.mtp.train_on_dropped_groups",
             f"trains the head: it needs spec.mtp.train=online, got {spec.mtp.train!r}",
         )
+        cap = spec.mtp.dropped_rows_per_step
+        _require(
+            isinstance(cap, int) and cap >= 0,
+            "spec.mtp.dropped_rows_per_step",
+            f"must be an integer >= 0 (0: every left-out row), got {cap!r}",
+        )
+        _require(
+            cap == 0 or dropped,
+            "spec.mtp.dropped_rows_per_step",
+            "caps the rows of spec.mtp.train_on_dropped_groups: set that true, or leave this 0",
+        )
         _require(
             not dropped or cfg.backend == "local",
             "spec.mtp.train_on_dropped_groups",

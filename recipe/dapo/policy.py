@@ -180,6 +180,21 @@ def packed_trunk_states(batch, rows: PackedRows, dtype: torch.dtype) -> torch.Te
     return torch.cat(parts).to(dtype)
 
 
+def own_trunk_states(model: MiMoForCausalLM, batch):
+    """``batch`` with the policy's own trunk states as ``trunk_states``, the pre-norm hidden state at every position of
+    each row but its last: what the rollout engine hands over (:class:`~recipe.dapo.rollout.TrunkStateLog`), for rows
+    that no engine generated (tests, scripts/bench_mtp_overhead.py)."""
+    rows = pack_rows(batch)
+    with torch.no_grad():
+        hidden = model(rows.input_ids, rows.cu_seqlens, with_mtp=False).hidden
+    bounds = rows.cu_seqlens.tolist()
+    states = np.empty(len(batch), dtype=object)
+    for i in range(len(batch)):
+        states[i] = hidden[bounds[i] : bounds[i + 1] - 1].numpy().copy()
+    batch.non_tensor_batch["trunk_states"] = states
+    return batch
+
+
 def head_loss_rows(
     model: MiMoForCausalLM, batch, temperature: float, mtp_fraction: float, mtp_objective: str, mtp_vocab_topk: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -23,7 +23,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from mtp.checkpoint import load_checkpoint, save_checkpoint
-from recipe.dapo.batch import RewardFunction, build_batch, kept_groups, select_groups
+from recipe.dapo.batch import RewardFunction, build_batch, kept_groups, select_groups, spread_rows
 from recipe.dapo.data import PromptStream, load_prompts
 from recipe.dapo.drift import DriftProbe, load_or_sample_probe
 from recipe.dapo.policy import Actor
@@ -175,8 +175,8 @@ class DAPOTrainer:
     def collect(self, timing: dict[str, float]) -> tuple[object, object, dict[str, float]]:
         """Generation rounds with DAPO dynamic filtering until ``train_batch_size`` groups are kept. Returns the kept
         batch, the responses it leaves out when the online head trains on them (``spec.mtp.train_on_dropped_groups``: the
-        dropped groups and any kept beyond ``train_batch_size``, with the trunk states the rollout computed for them;
-        else None), and the rounds' metrics."""
+        dropped groups and any kept beyond ``train_batch_size``, with the trunk states the rollout computed for them, at
+        most ``spec.mtp.dropped_rows_per_step`` of them; else None), and the rounds' metrics."""
         from verl import DataProto
 
         cfg = self.cfg
@@ -250,7 +250,12 @@ class DAPOTrainer:
         if kept_batch is not None:  # the update runs the trunk over its rows anyway
             kept_batch.non_tensor_batch.pop("trunk_states", None)
         stats = self._round_metrics(rounds, np.concatenate(scores_all))
-        return kept_batch, DataProto.concat(left_out) if left_out else None, stats
+        if not left_out:
+            return kept_batch, None, stats
+        left_out = DataProto.concat(left_out)
+        stats["mtp/left_out_responses"] = float(len(left_out))
+        rng = np.random.default_rng((int(cfg.actor_rollout_ref.rollout.seed), self.global_step))
+        return kept_batch, spread_rows(left_out, cfg.spec.mtp.dropped_rows_per_step, rng), stats
 
     def _save_timeline(self, timeline, round_index: int) -> None:
         folder = self.out_dir / "timelines"

@@ -209,12 +209,17 @@ def test_spec_mtp_loss_vocab_topk_reaches_the_fsdp_actors_model_config_and_is_ch
 def test_spec_mtp_train_on_dropped_groups_is_refused_for_a_frozen_head_and_on_verl():
     """The head's steps on the groups dynamic filtering dropped run in the local trainer, which holds those groups:
     with a frozen head, or on backend=verl (whose trainer drops them before its actor sees them), the key is refused
-    at start, named."""
+    at start, named; so is a cap on their rows without the key, or below 0."""
     validate(config("spec=mtp", "spec.mtp.train_on_dropped_groups=true"))
     with pytest.raises(ConfigError, match=r"spec\.mtp\.train_on_dropped_groups.*online"):
         validate(config("spec=mtp", "spec.mtp.train=frozen", "spec.mtp.train_on_dropped_groups=true"))
     with pytest.raises(ConfigError, match=r"spec\.mtp\.train_on_dropped_groups.*backend=verl"):
         validate(config("backend=verl", "spec=mtp", "spec.mtp.train_on_dropped_groups=true"))
+    validate(config("spec=mtp", "spec.mtp.train_on_dropped_groups=true", "spec.mtp.dropped_rows_per_step=16"))
+    with pytest.raises(ConfigError, match=r"spec\.mtp\.dropped_rows_per_step.*train_on_dropped_groups"):
+        validate(config("spec=mtp", "spec.mtp.dropped_rows_per_step=16"))
+    with pytest.raises(ConfigError, match=r"spec\.mtp\.dropped_rows_per_step.*integer >= 0.*got -1"):
+        validate(config("spec=mtp", "spec.mtp.train_on_dropped_groups=true", "spec.mtp.dropped_rows_per_step=-1"))
 
 
 def test_spec_mtp_objective_reaches_the_fsdp_actors_model_config_and_is_checked():

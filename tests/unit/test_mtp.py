@@ -467,32 +467,16 @@ def test_spec_mtp_lr_warmup_steps_shrinks_the_heads_first_step_and_leaves_the_po
             assert torch.equal(after[3][name], value), name
 
 
-def with_trunk_states(model, batch):
-    """``batch`` with the trunk states a rollout engine hands over (``trunk_states``): the model's own pre-norm
-    hidden states at every position of each row but its last."""
-    from recipe.dapo.policy import pack_rows
-
-    rows = pack_rows(batch)
-    with torch.no_grad():
-        hidden = model(rows.input_ids, rows.cu_seqlens, with_mtp=False).hidden
-    bounds = rows.cu_seqlens.tolist()
-    states = np.empty(len(batch), dtype=object)
-    for i in range(len(batch)):
-        states[i] = hidden[bounds[i] : bounds[i + 1] - 1].numpy().copy()
-    batch.non_tensor_batch["trunk_states"] = states
-    return batch
-
-
 @pytest.mark.parametrize("objective", ["sampled", "distill", "acceptance"])
 def test_the_head_only_loss_from_the_rollouts_trunk_states_equals_the_updates_mtp_loss(objective):
     """``head_loss_rows`` (the head trained on rows the policy does not train on, from the trunk states the rollout
     handed over) is the loss and the head gradient of the update's forward on the same rows, its LM head run only at
     the teacher's positions, with no trunk in its graph (fails if the states, the teacher or the targets shift by a
     position, or if the embeddings or the LM head record their activations)."""
-    from recipe.dapo.policy import forward_rows, head_loss_rows, pack_rows
+    from recipe.dapo.policy import forward_rows, head_loss_rows, own_trunk_states, pack_rows
 
     model = tiny_model(False)
-    batch = with_trunk_states(model, two_group_batch())
+    batch = own_trunk_states(model, two_group_batch())
     head = [n for n, _ in model.named_parameters() if n.startswith("model.mtp_layers.")]
     results = {}
     for name, run in (
@@ -518,15 +502,38 @@ def test_the_head_only_loss_from_the_rollouts_trunk_states_equals_the_updates_mt
 def test_the_head_only_loss_names_rows_without_their_trunk_states():
     """Rows without the rollout's trunk states, or with a count that does not match their tokens, are refused with
     the row named: a state shifted by a position would train the head on the wrong context without an error."""
-    from recipe.dapo.policy import head_loss_rows
+    from recipe.dapo.policy import head_loss_rows, own_trunk_states
 
     model = tiny_model(False)
     with pytest.raises(ValueError, match="keep_trunk_states"):
         head_loss_rows(model, two_group_batch(), 0.7, 1.0, "sampled")
-    batch = with_trunk_states(model, two_group_batch())
+    batch = own_trunk_states(model, two_group_batch())
     batch.non_tensor_batch["trunk_states"][2] = batch.non_tensor_batch["trunk_states"][2][1:]
     with pytest.raises(ValueError, match=r"row 2: \d+ trunk states for \d+ tokens"):
         head_loss_rows(model, batch, 0.7, 1.0, "sampled")
+
+
+def test_a_cap_on_left_out_rows_takes_a_row_of_every_group_before_a_second_of_any():
+    """``spec.mtp.dropped_rows_per_step``: the capped rows come one per group first (fails for a plain random draw,
+    which would spend the cap on few prompts), are drawn at random within groups, keep the batch's order, and a cap of
+    0 or at least the rows keeps every row."""
+    from verl import DataProto
+
+    from recipe.dapo.batch import spread_rows
+
+    uids = np.array([g for g in "abcde" for _ in range(8)], dtype=object)
+    batch = DataProto.from_dict(tensors={"row": torch.arange(40)}, non_tensors={"uid": uids})
+    picks = []
+    for seed in range(20):
+        rows = spread_rows(batch, 7, np.random.default_rng(seed))
+        groups = list(rows.non_tensor_batch["uid"])
+        assert len(rows) == 7 and sorted(set(groups)) == list("abcde"), groups
+        assert max(groups.count(g) for g in "abcde") == 2
+        assert rows.batch["row"].tolist() == sorted(rows.batch["row"].tolist())
+        picks.append(tuple(rows.batch["row"].tolist()))
+    assert len(set(picks)) > 10
+    for cap in (0, 40, 50):
+        assert spread_rows(batch, cap, np.random.default_rng(0)).batch["row"].tolist() == list(range(40))
 
 
 def test_head_steps_on_left_out_rows_move_the_head_alone_and_leave_the_policys_update():
@@ -534,8 +541,10 @@ def test_head_steps_on_left_out_rows_move_the_head_alone_and_leave_the_policys_u
     out lower the head's loss on them, leave every policy weight and the learning-rate schedule untouched, and the
     policy's update that follows ends bit for bit where it ends without them (fails if the step moves the policy's
     group, or if it consumes the policy's AdamW moments or the schedule)."""
+    from recipe.dapo.policy import own_trunk_states
+
     base = tiny_model(False)
-    batch = with_trunk_states(base, two_group_batch())
+    batch = own_trunk_states(base, two_group_batch())
     overrides = (*UPDATE_OVERRIDES, "spec.mtp.lr=0.01", "spec.mtp.train_on_dropped_groups=true")
     actor = dapo_actor(copy.deepcopy(base), "online", *overrides)
     assert actor.head_trains_on_dropped
