@@ -129,10 +129,11 @@ def select_groups(batch, uids: list[str]):
     return batch[idx]
 
 
-def spread_rows(batch, count: int, rng: np.random.Generator):
-    """At most ``count`` rows of ``batch`` (order preserved), drawn at random one group at a time: a row of every
-    group before a second of any, so a capped share covers as many prompts as it can."""
-    if count <= 0 or len(batch) <= count:
+def spread_rows(batch, rng: np.random.Generator, max_rows: int = 0, max_tokens: float = 0.0):
+    """Rows of ``batch`` (order preserved) drawn at random one group at a time: a row of every group before a second
+    of any, so a capped share covers as many prompts as it can. At most ``max_rows`` rows and at most ``max_tokens``
+    response tokens in all, the draw's longest prefix within both (0: no cap)."""
+    if max_rows <= 0 and max_tokens <= 0:
         return batch
     uids = batch.non_tensor_batch["uid"]
     order = rng.permutation(len(batch))
@@ -143,4 +144,10 @@ def spread_rows(batch, count: int, rng: np.random.Generator):
         within[i] = seen.get(uids[i], 0)
         seen[uids[i]] = within[i] + 1
     rank = np.array([group_rank[u] for u in uids])
-    return batch[np.sort(np.lexsort((rank, within))[:count]).tolist()]
+    drawn = np.lexsort((rank, within))
+    if max_rows > 0:
+        drawn = drawn[:max_rows]
+    if max_tokens > 0:
+        tokens = batch.batch["response_mask"].sum(-1).numpy()[drawn]
+        drawn = drawn[: int(np.searchsorted(np.cumsum(tokens), max_tokens, side="right"))]
+    return batch[np.sort(drawn).tolist()]

@@ -133,6 +133,17 @@ def validate(cfg: DictConfig) -> None:
             "spec.mtp.dropped_rows_per_step",
             "caps the rows of spec.mtp.train_on_dropped_groups: set that true, or leave this 0",
         )
+        token_cap = spec.mtp.dropped_tokens_per_kept_token
+        _require(
+            isinstance(token_cap, int | float) and not isinstance(token_cap, bool) and token_cap >= 0,
+            "spec.mtp.dropped_tokens_per_kept_token",
+            f"must be a number >= 0 (0: no cap on the left-out tokens), got {token_cap!r}",
+        )
+        _require(
+            token_cap == 0 or dropped,
+            "spec.mtp.dropped_tokens_per_kept_token",
+            "caps the tokens of spec.mtp.train_on_dropped_groups: set that true, or leave this 0",
+        )
         _require(
             not dropped or cfg.backend == "local",
             "spec.mtp.train_on_dropped_groups",

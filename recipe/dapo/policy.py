@@ -339,6 +339,7 @@ class Actor:
                 self.optimizer.step()
         metrics = {k: float(np.mean(v)) for k, v in sums.items()}
         metrics["mtp/dropped_responses"] = float(len(batch))
+        metrics["mtp/dropped_response_tokens"] = float(batch.batch["response_mask"].sum())
         return metrics
 
     def update(self, batch, timing: dict[str, float]) -> dict[str, float]:

@@ -176,7 +176,8 @@ class DAPOTrainer:
         """Generation rounds with DAPO dynamic filtering until ``train_batch_size`` groups are kept. Returns the kept
         batch, the responses it leaves out when the online head trains on them (``spec.mtp.train_on_dropped_groups``: the
         dropped groups and any kept beyond ``train_batch_size``, with the trunk states the rollout computed for them, at
-        most ``spec.mtp.dropped_rows_per_step`` of them; else None), and the rounds' metrics."""
+        most ``spec.mtp.dropped_rows_per_step`` of them and ``spec.mtp.dropped_tokens_per_kept_token`` response tokens per
+        token of the kept batch; else None), and the rounds' metrics."""
         from verl import DataProto
 
         cfg = self.cfg
@@ -254,8 +255,12 @@ class DAPOTrainer:
             return kept_batch, None, stats
         left_out = DataProto.concat(left_out)
         stats["mtp/left_out_responses"] = float(len(left_out))
+        if kept_batch is None:  # no update this step, so no head steps either
+            return None, None, stats
         rng = np.random.default_rng((int(cfg.actor_rollout_ref.rollout.seed), self.global_step))
-        return kept_batch, spread_rows(left_out, cfg.spec.mtp.dropped_rows_per_step, rng), stats
+        max_tokens = float(cfg.spec.mtp.dropped_tokens_per_kept_token) * int(kept_batch.batch["attention_mask"].sum())
+        head_rows = spread_rows(left_out, rng, cfg.spec.mtp.dropped_rows_per_step, max_tokens)
+        return kept_batch, head_rows if len(head_rows) else None, stats
 
     def _save_timeline(self, timeline, round_index: int) -> None:
         folder = self.out_dir / "timelines"

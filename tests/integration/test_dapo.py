@@ -126,12 +126,14 @@ def test_two_step_job_then_kill_and_resume_matches_uninterrupted(harness_model, 
 def test_mtp_job_trains_the_head_only_when_online(harness_model, tmp_path, train):
     """spec=mtp: frozen keeps the base checkpoint's MTP layer, online changes it; both log the head's loss,
     accuracy and vLLM's acceptance every step. Online, the head also trains on the responses the update leaves out
-    (spec.mtp.train_on_dropped_groups), at most 3 a step (spec.mtp.dropped_rows_per_step). Also: data.train_max_samples
+    (spec.mtp.train_on_dropped_groups), at most 3 a step (spec.mtp.dropped_rows_per_step) and at most 1 response token
+    per kept token (spec.mtp.dropped_tokens_per_kept_token, against veRL's perf/total_num_tokens). Also: data.train_max_samples
     caps the prompt pool (6 prompts, 3 per round: the stream wraps into epoch 1 within two steps)."""
     from mtp.checkpoint import load_checkpoint
 
     out = tmp_path / train
-    dropped = ["spec.mtp.train_on_dropped_groups=true", "spec.mtp.dropped_rows_per_step=3"] if train == "online" else []
+    caps = ["spec.mtp.dropped_rows_per_step=3", "spec.mtp.dropped_tokens_per_kept_token=1.0"]
+    dropped = ["spec.mtp.train_on_dropped_groups=true", *caps] if train == "online" else []
     run_job(
         run_args(harness_model, out, 2, "spec=mtp", f"spec.mtp.train={train}", "data.train_max_samples=6", *dropped),
         out,
@@ -144,7 +146,8 @@ def test_mtp_job_trains_the_head_only_when_online(harness_model, tmp_path, train
     if train == "online":  # the rows generated less the 2 groups of 4 the update trains on, the head's at most 3
         left_out = [4 * r["train/num_generated_groups"] - 8 for r in rows]
         assert [r["mtp/left_out_responses"] for r in rows] == left_out
-        assert [r["mtp/dropped_responses"] for r in rows] == [min(3, n) for n in left_out]
+        assert all(0 < r["mtp/dropped_responses"] <= min(3, n) for r, n in zip(rows, left_out, strict=True))
+        assert all(0 < r["mtp/dropped_response_tokens"] <= r["perf/total_num_tokens"] for r in rows), rows
     assert rows[-1]["training/epoch"] >= 1
     base, trained = load_checkpoint(harness_model), load_checkpoint(out / "global_step_2" / "actor")
     prefix = "model.mtp_layers."

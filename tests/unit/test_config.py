@@ -220,6 +220,16 @@ def test_spec_mtp_train_on_dropped_groups_is_refused_for_a_frozen_head_and_on_ve
         validate(config("spec=mtp", "spec.mtp.dropped_rows_per_step=16"))
     with pytest.raises(ConfigError, match=r"spec\.mtp\.dropped_rows_per_step.*integer >= 0.*got -1"):
         validate(config("spec=mtp", "spec.mtp.train_on_dropped_groups=true", "spec.mtp.dropped_rows_per_step=-1"))
+    validate(config("spec=mtp", "spec.mtp.train_on_dropped_groups=true", "spec.mtp.dropped_tokens_per_kept_token=0.5"))
+    with pytest.raises(ConfigError, match=r"spec\.mtp\.dropped_tokens_per_kept_token.*train_on_dropped_groups"):
+        validate(config("spec=mtp", "spec.mtp.dropped_tokens_per_kept_token=0.5"))
+    for bad in ("-0.1", "half", "true"):
+        with pytest.raises(ConfigError, match=r"spec\.mtp\.dropped_tokens_per_kept_token.*number >= 0.*got"):
+            validate(
+                config(
+                    "spec=mtp", "spec.mtp.train_on_dropped_groups=true", f"spec.mtp.dropped_tokens_per_kept_token={bad}"
+                )
+            )
 
 
 def test_spec_mtp_objective_reaches_the_fsdp_actors_model_config_and_is_checked():

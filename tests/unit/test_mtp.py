@@ -525,7 +525,7 @@ def test_a_cap_on_left_out_rows_takes_a_row_of_every_group_before_a_second_of_an
     batch = DataProto.from_dict(tensors={"row": torch.arange(40)}, non_tensors={"uid": uids})
     picks = []
     for seed in range(20):
-        rows = spread_rows(batch, 7, np.random.default_rng(seed))
+        rows = spread_rows(batch, np.random.default_rng(seed), max_rows=7)
         groups = list(rows.non_tensor_batch["uid"])
         assert len(rows) == 7 and sorted(set(groups)) == list("abcde"), groups
         assert max(groups.count(g) for g in "abcde") == 2
@@ -533,7 +533,44 @@ def test_a_cap_on_left_out_rows_takes_a_row_of_every_group_before_a_second_of_an
         picks.append(tuple(rows.batch["row"].tolist()))
     assert len(set(picks)) > 10
     for cap in (0, 40, 50):
-        assert spread_rows(batch, cap, np.random.default_rng(0)).batch["row"].tolist() == list(range(40))
+        assert spread_rows(batch, np.random.default_rng(0), max_rows=cap).batch["row"].tolist() == list(range(40))
+
+
+def test_a_cap_on_left_out_tokens_takes_the_longest_spread_prefix_within_it():
+    """``spec.mtp.dropped_tokens_per_kept_token``: the token cap keeps the longest prefix of the same group-spread draw
+    whose response tokens fit (fails if it counts rows, prompt tokens or padding, or if it skips a long row to fit a
+    later short one, which would favour short responses); with a row cap as well, the tighter of the two holds."""
+    from verl import DataProto
+
+    from recipe.dapo.batch import spread_rows
+
+    uids = np.array([g for g in "abcd" for _ in range(4)], dtype=object)
+    lengths = np.array([3, 9, 1, 6, 2, 8, 5, 4, 7, 1, 3, 2, 6, 5, 9, 1])
+    mask = torch.zeros(16, 12, dtype=torch.long)
+    for i, n in enumerate(lengths):
+        mask[i, :n] = 1
+    batch = DataProto.from_dict(
+        tensors={"row": torch.arange(16), "response_mask": mask, "attention_mask": torch.ones(16, 20)},
+        non_tensors={"uid": uids},
+    )
+    for seed in range(20):
+        drawn = spread_rows(batch, np.random.default_rng(seed)).batch["row"]
+        assert drawn.tolist() == list(range(16))  # no cap: every row
+        everything = spread_rows(batch, np.random.default_rng(seed), max_rows=16)
+        assert everything.batch["row"].tolist() == list(range(16))
+        prefix = [
+            spread_rows(batch, np.random.default_rng(seed), max_rows=k).batch["row"].tolist() for k in range(1, 17)
+        ]
+        for budget in (2, 10, 23.5, 40):
+            rows = spread_rows(batch, np.random.default_rng(seed), max_tokens=budget).batch["row"].tolist()
+            fitting = [[], *(p for p in prefix if lengths[p].sum() <= budget)]
+            assert rows == fitting[-1], (seed, budget)
+        assert (
+            spread_rows(batch, np.random.default_rng(seed), max_rows=2, max_tokens=1000).batch["row"].tolist()
+            == (prefix[1])
+        )
+        tight = spread_rows(batch, np.random.default_rng(seed), max_rows=12, max_tokens=23.5).batch["row"].tolist()
+        assert tight == spread_rows(batch, np.random.default_rng(seed), max_tokens=23.5).batch["row"].tolist()
 
 
 def test_head_steps_on_left_out_rows_move_the_head_alone_and_leave_the_policys_update():
