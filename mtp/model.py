@@ -114,8 +114,18 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_key_value_heads * hd, bias=True)
         self.o_proj = nn.Linear(cfg.num_attention_heads * hd, cfg.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lengths: list[int]) -> torch.Tensor:
-        """Causal attention within each sequence of a packed stream ``x`` [T, H] (``lengths`` sum to T).
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        lengths: list[int],
+        prefixes: list[tuple[int, int]] | None = None,
+    ) -> torch.Tensor:
+        """Causal attention within each sequence of a packed stream ``x`` [T, H] (``lengths`` sum to T). With
+        ``prefixes`` (per sequence: the start and length of stream rows it continues, ``(0, 0)`` for none) a sequence
+        attends to those rows' keys and values before its own: a prompt that sequences share, run once
+        (:class:`SharedPrompts`).
 
         One causal SDPA call per sequence: a dense block-diagonal [T, T] mask would cost O(T^2) for a
         micro-batch of many short sequences (and force SDPA's unfused path on CPU). Inputs are 4-D
@@ -130,13 +140,20 @@ class Attention(nn.Module):
         k, v = k.repeat_interleave(rep, dim=0), v.repeat_interleave(rep, dim=0)
         scale = 1.0 / math.sqrt(cfg.head_dim)
         q, k, v = q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0)
-        out = torch.cat(
-            [
-                F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale)
-                for qs, ks, vs in zip(q.split(lengths, 2), k.split(lengths, 2), v.split(lengths, 2), strict=True)
-            ],
-            dim=2,
-        )[0]
+        parts = []
+        for i, (qs, ks, vs) in enumerate(
+            zip(q.split(lengths, 2), k.split(lengths, 2), v.split(lengths, 2), strict=True)
+        ):
+            start, shared = prefixes[i] if prefixes is not None else (0, 0)
+            if not shared:
+                parts.append(F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale))
+                continue
+            ks = torch.cat([k[:, :, start : start + shared], ks], dim=2)
+            vs = torch.cat([v[:, :, start : start + shared], vs], dim=2)
+            # query j reads the whole prefix and its own sequence up to j
+            mask = torch.ones(qs.shape[2], ks.shape[2], dtype=torch.bool, device=x.device).tril(shared)
+            parts.append(F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scale))
+        out = torch.cat(parts, dim=2)[0]
         return self.o_proj(out.transpose(0, 1).reshape(t, -1))
 
 
@@ -166,10 +183,12 @@ class DecoderLayer(nn.Module):
         sin: torch.Tensor,
         lengths: list[int],
         keep: torch.Tensor | None = None,
+        prefixes: list[tuple[int, int]] | None = None,
     ) -> torch.Tensor:
-        """One block over a packed stream. With ``keep`` (position indices) only those rows come out:
-        attention still reads every position, and the position-wise rest (residual, MLP) runs only there."""
-        attended = self.self_attn(self.input_layernorm(x), cos, sin, lengths)
+        """One block over a packed stream (``prefixes``: :meth:`Attention.forward`'s). With ``keep`` (position
+        indices) only those rows come out: attention still reads every position, and the position-wise rest
+        (residual, MLP) runs only there."""
+        attended = self.self_attn(self.input_layernorm(x), cos, sin, lengths, prefixes)
         if keep is not None:
             x, attended = x[keep], attended[keep]
         x = x + attended
@@ -194,9 +213,10 @@ class MTPLayer(DecoderLayer):
         sin: torch.Tensor,
         lengths: list[int],
         keep: torch.Tensor | None = None,
+        prefixes: list[tuple[int, int]] | None = None,
     ) -> torch.Tensor:
         x = self.input_proj(torch.cat([self.hidden_layernorm(hidden), self.token_layernorm(next_embeds)], dim=-1))
-        return self.final_layernorm(super().forward(x, cos, sin, lengths, keep))
+        return self.final_layernorm(super().forward(x, cos, sin, lengths, keep, prefixes))
 
 
 class TrunkModel(nn.Module):
@@ -225,6 +245,68 @@ def packed_positions(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
     return torch.arange(total, device=cu_seqlens.device) - starts
 
 
+@dataclass
+class SharedPrompts:
+    """Sequences of a packed stream that open with the same prompt, as a DAPO group's responses do: ``first[i]`` is
+    the first sequence with sequence i's prompt (i for that one) and ``prompt_lens[i]`` the prompt's length. MTP
+    layer k's inputs at position t are the layer's input state there and the embedding of token t+1+k, the same in
+    every sequence of a group until t+1+k reaches the response, so the layers run over that much of the prompt once
+    (:func:`mtp_rows`) and each other sequence of the group attends to it."""
+
+    first: list[int]
+    prompt_lens: list[int]
+
+
+@dataclass
+class MTPRows:
+    """Where the MTP layers run for logits at a set of positions (:func:`mtp_rows`)."""
+
+    rows: torch.Tensor  # [R] stream indices the layers run on, a packed sub-stream
+    cu_seqlens: torch.Tensor  # its sequence boundaries
+    keep: torch.Tensor  # [P] the sub-stream row whose output is each position's
+    prefixes: list[tuple[int, int]] | None  # per sub-stream sequence: the shared prompt rows it continues
+
+
+def mtp_rows(
+    mtp_positions: torch.Tensor, cu_seqlens: torch.Tensor, prompts: SharedPrompts | None = None, depth: int = 1
+) -> MTPRows:
+    """The stream rows ``depth`` MTP layers must run on for logits at ``mtp_positions`` (sorted): each sequence holding
+    one, from its start to its last such position (causal attention reads nothing later). With ``prompts`` a sequence
+    whose prompt an earlier held sequence opens with runs only from where its inputs differ (its prompt length minus
+    ``depth``), continuing that sequence's rows, and its positions before that read that sequence's outputs."""
+    bounds = cu_seqlens.tolist()
+    seq = sequence_of(mtp_positions, cu_seqlens)
+    held, counts = torch.unique_consecutive(seq, return_counts=True)
+    spans: list[tuple[int, int]] = []
+    prefixes: list[tuple[int, int]] = []
+    keep: list[torch.Tensor] = []
+    opened: dict[int, int] = {}  # a prompt's first held sequence -> where its rows start in the sub-stream
+    offset = 0
+    for s, positions in zip(held.tolist(), mtp_positions.split(counts.tolist()), strict=True):
+        start, local = bounds[s], positions - bounds[s]
+        shared = 0 if prompts is None else max(0, prompts.prompt_lens[s] - depth)
+        group = s if prompts is None else prompts.first[s]
+        end = int(local[-1]) + 1
+        if group in opened and shared:
+            keep.append(torch.where(local < shared, opened[group] + local, offset + local - shared))
+            if end > shared:
+                spans.append((start + shared, start + end))
+                prefixes.append((opened[group], shared))
+                offset += end - shared
+            continue
+        opened[group] = offset
+        length = max(end, shared)  # the prompt's rows, for the sequences that continue them
+        keep.append(offset + local)
+        spans.append((start, start + length))
+        prefixes.append((0, 0))
+        offset += length
+    lengths = torch.tensor([b - a for a, b in spans], dtype=torch.long)
+    rows = torch.cat([torch.arange(a, b, device=mtp_positions.device) for a, b in spans])
+    sub_cu = torch.cat([lengths.new_zeros(1), torch.cumsum(lengths, 0)])
+    shares = any(shared for _, shared in prefixes)
+    return MTPRows(rows, sub_cu, torch.cat(keep), prefixes if shares else None)
+
+
 def run_mtp_layers(
     mtp_layers: nn.ModuleList,
     hidden: torch.Tensor,
@@ -235,47 +317,33 @@ def run_mtp_layers(
     rope: tuple[torch.Tensor, torch.Tensor],
     detach_inputs: bool = True,
     mtp_positions: torch.Tensor | None = None,
+    prompts: SharedPrompts | None = None,
 ) -> list[torch.Tensor]:
     """MTP logits of every layer over a packed stream: layer k at t reads layer k-1's output (the trunk's pre-norm
     hidden state for k=0) and the embedding of token t+1+k, and predicts token t+2+k through the LM head ``head``.
     With ``detach_inputs`` the hidden states, embeddings and head are detached (online MTP: the loss trains only the
     MTP layers). With ``mtp_positions`` (sorted) every layer's logits are only there, and the layers run only on the
-    rows those need (:func:`needed_rows`). Shared by the in-process model and veRL's FSDP actor (mtp/verl_fsdp.py)."""
+    rows those need (:func:`mtp_rows`, a prompt that ``prompts`` says sequences share once). Shared by the in-process
+    model and veRL's FSDP actor (mtp/verl_fsdp.py)."""
     if detach_inputs:
         hidden, embeds, head = hidden.detach(), embeds.detach(), head.detach()
     cos, sin = rope
-    rows = keep = None
+    rows = keep = prefixes = None
     sub_cu = cu_seqlens
     if mtp_positions is not None and mtp_positions.numel() > 0:
-        rows, sub_cu = needed_rows(mtp_positions, cu_seqlens)
+        plan = mtp_rows(mtp_positions, cu_seqlens, prompts, len(mtp_layers))
+        rows, sub_cu, keep, prefixes = plan.rows, plan.cu_seqlens, plan.keep, plan.prefixes
         hidden, positions, cos, sin = hidden[rows], positions[rows], cos[rows], sin[rows]
-        keep = torch.searchsorted(rows, mtp_positions)
     lengths = (sub_cu[1:] - sub_cu[:-1]).tolist()
     out, prev, last = [], hidden, len(mtp_layers) - 1
     for k, layer in enumerate(mtp_layers):
         next_embeds = roll_packed(embeds, cu_seqlens, shift=-(k + 1))
         next_embeds = next_embeds if rows is None else next_embeds[rows]
         next_embeds = next_embeds.masked_fill((positions == 0)[:, None], 0.0)
-        prev = layer(prev, next_embeds, cos, sin, lengths, keep if k == last else None)
+        prev = layer(prev, next_embeds, cos, sin, lengths, keep if k == last else None, prefixes)
         logits_rows = prev if keep is None or k == last else prev[keep]
         out.append(F.linear(logits_rows, head))
     return out
-
-
-def needed_rows(mtp_positions: torch.Tensor, cu_seqlens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The stream rows the MTP layers must run on for logits at ``mtp_positions`` (sorted): each sequence holding one,
-    from its start to its last such position (causal attention reads nothing later), and their boundaries as a
-    packed sub-stream."""
-    seq = sequence_of(mtp_positions, cu_seqlens)
-    held, inverse = seq.unique(return_inverse=True)
-    ends = torch.zeros_like(held).scatter_reduce(0, inverse, mtp_positions + 1, reduce="amax", include_self=False)
-    starts = cu_seqlens.to(held.device)[held]
-    lengths = ends - starts
-    rows = torch.repeat_interleave(starts - torch.cumsum(lengths, 0) + lengths, lengths) + torch.arange(
-        int(lengths.sum()), device=held.device
-    )
-    sub_cu = torch.cat([lengths.new_zeros(1), torch.cumsum(lengths, 0)])
-    return rows, sub_cu
 
 
 class MiMoForCausalLM(nn.Module):
@@ -319,7 +387,7 @@ class MiMoForCausalLM(nn.Module):
         With ``detach_mtp_inputs`` (the online-MTP setting) the MTP layers read detached trunk hidden
         states and embeddings and a detached LM head, so MTP losses update only MTP parameters.
         ``mtp_positions`` (sorted indices into the stream) returns MTP logits only there, the positions a loss
-        trains: the MTP layers run only on the sequences holding one, up to the last (:func:`needed_rows`), and
+        trains: the MTP layers run only on the sequences holding one, up to the last (:func:`mtp_rows`), and
         the last layer's MLP and norms and the LM head on those positions alone, which in RL skips the prompt
         tokens (and, with :func:`mtp.loss.sample_sequences`, the sequences left out).
         """
@@ -354,16 +422,17 @@ class MiMoForCausalLM(nn.Module):
         detach_inputs: bool = True,
         mtp_positions: torch.Tensor | None = None,
         vocab: torch.Tensor | None = None,
+        prompts: SharedPrompts | None = None,
     ) -> list[torch.Tensor]:
-        """The MTP layers' logits (:func:`run_mtp_layers`) on a trunk forward's ``out``; with ``vocab`` (sorted token
-        ids) only those columns of the LM head: a loss that scores a shortlist of the vocabulary
+        """The MTP layers' logits (:func:`run_mtp_layers`, ``prompts`` its) on a trunk forward's ``out``; with
+        ``vocab`` (sorted token ids) only those columns of the LM head: a loss that scores a shortlist of the vocabulary
         (:func:`mtp.loss.draft_vocabulary`) builds it from that forward's logits, so the head runs after them."""
         positions = packed_positions(cu_seqlens, out.hidden.shape[0])
         rope = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta)
         head = self.lm_head.weight if vocab is None else self.lm_head.weight[vocab]
         return run_mtp_layers(
             self.model.mtp_layers, out.hidden, out.embeds, head, cu_seqlens, positions, rope,
-            detach_inputs=detach_inputs, mtp_positions=mtp_positions,
+            detach_inputs=detach_inputs, mtp_positions=mtp_positions, prompts=prompts,
         )  # fmt: skip
 
     def num_parameters(self) -> int:

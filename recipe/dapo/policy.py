@@ -18,7 +18,7 @@ from omegaconf import DictConfig
 
 from mtp import warm_up_group
 from mtp.loss import draft_vocabulary, mtp_loss, mtp_targets, roll_packed, sample_sequences
-from mtp.model import MiMoForCausalLM, MiMoOutput
+from mtp.model import MiMoForCausalLM, MiMoOutput, SharedPrompts
 from recipe.dapo.timeline import timed
 
 if TYPE_CHECKING:
@@ -83,6 +83,17 @@ def pack_rows(batch) -> PackedRows:
     return PackedRows(torch.cat(ids), torch.cat(masks), cu, p_lens, r_lens)
 
 
+def shared_prompts(rows: PackedRows) -> SharedPrompts:
+    """Which rows open with the same prompt tokens (a DAPO group's responses), for the MTP layers to run over each
+    prompt once. The rows after a prompt's first read that row's prompt states: the engine prefilled the same
+    tokens for every response of the group."""
+    first, seen = [], {}
+    for i, p_len in enumerate(rows.prompt_lens):
+        start = int(rows.cu_seqlens[i])
+        first.append(seen.setdefault(tuple(rows.input_ids[start : start + p_len].tolist()), i))
+    return SharedPrompts(first, list(rows.prompt_lens))
+
+
 def unpack_to_responses(values: torch.Tensor, rows: PackedRows, width: int) -> torch.Tensor:
     """[T] per-position values (position t scores token t+1) -> [B, width] aligned with ``responses``."""
     out = values.new_zeros((len(rows.prompt_lens), width))
@@ -134,7 +145,7 @@ def forward_rows(
             # the policy's distribution of token t+2 (the teacher) is its output at t+1
             head_loss, head_acc = head_loss_at(
                 model, out, rows.cu_seqlens, mtp_positions, mtp_target_ids, logits.detach()[mtp_positions + 1],
-                temperature, mtp_objective, mtp_vocab_topk,
+                temperature, mtp_objective, mtp_vocab_topk, shared_prompts(rows),
             )  # fmt: skip
     return ForwardOut(
         unpack_to_responses(token_logp, rows, width),
@@ -154,12 +165,13 @@ def head_loss_at(
     temperature: float,
     objective: str,
     vocab_topk: int,
+    prompts: SharedPrompts | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The online MTP loss (and top-1 accuracy) at ``mtp_positions`` of a trunk forward ``out``, given the policy's
     tempered logits one position later (``policy_next``), over the whole vocabulary or, with ``vocab_topk``, over
-    :func:`~mtp.loss.draft_vocabulary`."""
+    :func:`~mtp.loss.draft_vocabulary`; the MTP layer runs over each of ``prompts``' shared prompts once."""
     vocab = draft_vocabulary(policy_next, targets, vocab_topk) if vocab_topk else None
-    (head,) = model.draft_logits(out, cu_seqlens, mtp_positions=mtp_positions, vocab=vocab)
+    (head,) = model.draft_logits(out, cu_seqlens, mtp_positions=mtp_positions, vocab=vocab, prompts=prompts)
     teacher = policy_next if objective != "sampled" else None
     return mtp_loss(objective, head / temperature, targets, teacher, vocab)
 
@@ -196,11 +208,19 @@ def own_trunk_states(model: MiMoForCausalLM, batch):
 
 
 def head_loss_rows(
-    model: MiMoForCausalLM, batch, temperature: float, mtp_fraction: float, mtp_objective: str, mtp_vocab_topk: int = 0
+    model: MiMoForCausalLM,
+    batch,
+    temperature: float,
+    mtp_fraction: float,
+    mtp_objective: str,
+    mtp_vocab_topk: int = 0,
+    share_prompts: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The online MTP loss of :func:`forward_rows` (and its top-1 accuracy) on rows the policy does not train on, from
     the trunk states the rollout computed for them (:func:`packed_trunk_states`): the trunk does not run again and the
-    LM head only where the loss reads its teacher, so a row costs that and the head's forward and backward."""
+    LM head only where the loss reads its teacher, so a row costs that and the head's forward and backward, and a
+    prompt the rows share the MTP layer's once (``share_prompts``; off, every row's: scripts/bench_mtp_overhead.py
+    measures what that saves)."""
     rows = pack_rows(batch)
     hidden = packed_trunk_states(batch, rows, model.lm_head.weight.dtype)
     every_target, trained = mtp_targets(rows.input_ids, rows.response_mask, rows.cu_seqlens, depth=0)
@@ -208,7 +228,7 @@ def head_loss_rows(
     out = model.output_from_states(rows.input_ids, hidden, mtp_positions + 1)
     return head_loss_at(
         model, out, rows.cu_seqlens, mtp_positions, every_target[mtp_positions], out.logits.float() / temperature,
-        temperature, mtp_objective, mtp_vocab_topk,
+        temperature, mtp_objective, mtp_vocab_topk, shared_prompts(rows) if share_prompts else None,
     )  # fmt: skip
 
 

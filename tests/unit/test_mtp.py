@@ -499,6 +499,78 @@ def test_the_head_only_loss_from_the_rollouts_trunk_states_equals_the_updates_mt
     torch.testing.assert_close(out.logits, full.logits.detach()[positions])
 
 
+def shared_prompt_batch():
+    """Three groups of responses that share their group's prompt (as a DAPO group's do); a one-token response has no
+    trained MTP position."""
+    from recipe.dapo.batch import build_batch
+    from recipe.dapo.rollout import Response
+    from recipe.data.loader import Problem
+
+    gen = torch.Generator().manual_seed(5)
+    groups = [(6, [7, 1, 4]), (4, [9, 3]), (5, [2, 8, 6])]  # (prompt length, response lengths)
+    responses, problems = [], []
+    for g, (p_len, r_lens) in enumerate(groups):
+        prompt = torch.randint(1, 40, (p_len,), generator=gen).tolist()
+        problems.append(Problem(g, "test", [], "0"))
+        for r in r_lens:
+            responses.append(Response(g, prompt, torch.randint(1, 40, (r,), generator=gen).tolist(), "", "stop"))
+    return build_batch(responses, problems, [str(g) for g in range(len(groups))], 0, 8, 16)
+
+
+@pytest.mark.parametrize("mtp_layers", [1, 2])
+def test_mtp_layers_over_a_shared_prompt_once_equal_them_over_every_rows(mtp_layers):
+    """The MTP layers run over a prompt its group shares once (``SharedPrompts``) give every row's logits and the
+    layers' gradients as running them over each row's own prompt: at every position (a later row's prompt positions
+    read the first row's outputs), each row's prompt but the first's then left out of the rows the layers run on, and
+    at random halves of the rows' trained positions (where a group's first row may be left out and a later one open
+    the prompt). Fails if a row past its prompt's first reads the wrong keys, if the prompt is cut a layer too late,
+    or if a position in the prompt reads another row's output."""
+    from mtp.loss import sample_sequences
+    from mtp.model import mtp_rows
+    from recipe.dapo.policy import pack_rows, shared_prompts
+
+    model = tiny_model(seed=3, mtp_layers=mtp_layers)
+    rows = pack_rows(shared_prompt_batch())
+    prompts = shared_prompts(rows)
+    assert prompts.first == [0, 0, 0, 3, 3, 5, 5, 5]
+    out = model(rows.input_ids, rows.cu_seqlens, with_mtp=False)
+    _, trained = mtp_targets(rows.input_ids, rows.response_mask, rows.cu_seqlens, depth=0)
+    every = trained.nonzero().squeeze(-1)
+    params = [p for n, p in model.named_parameters() if "mtp_layers" in n]
+    for seed in range(4):
+        torch.manual_seed(seed)
+        positions = torch.arange(len(rows.input_ids)) if seed == 0 else sample_sequences(every, rows.cu_seqlens, 0.5)
+        results = {}
+        for shared in (None, prompts):
+            logits = model.draft_logits(out, rows.cu_seqlens, mtp_positions=positions, prompts=shared)
+            grads = torch.autograd.grad(sum((x**2).sum() for x in logits), params)
+            results[shared is None] = ([x.detach() for x in logits], grads)
+        (once, once_grads), (each, each_grads) = results[False], results[True]
+        for a, b in zip([*once, *once_grads], [*each, *each_grads], strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+        plan, plain = mtp_rows(positions, rows.cu_seqlens, prompts, mtp_layers), mtp_rows(positions, rows.cu_seqlens)
+        assert plain.prefixes is None and plan.rows.numel() <= plain.rows.numel()
+        if seed == 0:  # the later rows' prompts up to mtp_layers before their ends: 2 x 6 + 1 x 4 + 2 x 5 tokens
+            assert plain.rows.numel() - plan.rows.numel() == 26 - 5 * mtp_layers
+
+
+def test_the_head_only_loss_runs_the_mtp_layer_over_a_shared_prompt_once_with_the_same_loss():
+    """``head_loss_rows`` on a DAPO group's rows (a shared prompt, the rollout's states) gives the loss and the head's
+    gradient with the prompt run once that it gives with every row's own (``share_prompts=False``)."""
+    from recipe.dapo.policy import head_loss_rows, own_trunk_states
+
+    model = tiny_model(seed=4)
+    batch = own_trunk_states(model, shared_prompt_batch())
+    head = [p for n, p in model.named_parameters() if "mtp_layers" in n]
+    results = []
+    for share in (True, False):
+        loss, _ = head_loss_rows(model, batch, 0.7, 1.0, "acceptance", mtp_vocab_topk=8, share_prompts=share)
+        results.append((loss.detach(), torch.autograd.grad(loss, head)))
+    torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-5, atol=1e-6)
+    for once, each in zip(results[0][1], results[1][1], strict=True):
+        torch.testing.assert_close(once, each, rtol=1e-4, atol=1e-6)
+
+
 def test_the_head_only_loss_names_rows_without_their_trunk_states():
     """Rows without the rollout's trunk states, or with a count that does not match their tokens, are refused with
     the row named: a state shifted by a position would train the head on the wrong context without an error."""
