@@ -257,6 +257,19 @@ class SharedPrompts:
     prompt_lens: list[int]
 
 
+def shared_prompts(input_ids: torch.Tensor, response_mask: torch.Tensor, cu_seqlens: torch.Tensor) -> SharedPrompts:
+    """Each sequence's prompt in a packed stream (its tokens before the first response token) and the first sequence
+    that opens with the same tokens. Exact wherever the tokens match: a causal trunk's states there are the same."""
+    bounds = cu_seqlens.tolist()
+    first, lengths, seen = [], [], {}
+    for i, (start, end) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
+        response = response_mask[start:end].nonzero()
+        length = int(response[0]) if len(response) else end - start
+        lengths.append(length)
+        first.append(seen.setdefault(tuple(input_ids[start : start + length].tolist()), i))
+    return SharedPrompts(first, lengths)
+
+
 @dataclass
 class MTPRows:
     """Where the MTP layers run for logits at a set of positions (:func:`mtp_rows`)."""

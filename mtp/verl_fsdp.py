@@ -47,7 +47,7 @@ from mtp import (
     warm_up_group,
 )
 from mtp.loss import draft_vocabulary, mtp_loss, mtp_targets, sample_sequences
-from mtp.model import MiMoConfig, MTPLayer, packed_positions, rope_cos_sin, run_mtp_layers
+from mtp.model import MiMoConfig, MTPLayer, packed_positions, rope_cos_sin, run_mtp_layers, shared_prompts
 
 
 class MiMoMTPForCausalLM(Qwen2ForCausalLM):
@@ -104,7 +104,7 @@ class MiMoMTPForCausalLM(Qwen2ForCausalLM):
             head = head[vocab]
         (logits,) = run_mtp_layers(
             self.model.mtp_layers[:1], hidden, embeds, head, cu_seqlens, positions, rope,
-            detach_inputs=True, mtp_positions=at,
+            detach_inputs=True, mtp_positions=at, prompts=shared_prompts(ids, mtp_batch["response_mask"], cu_seqlens),
         )  # fmt: skip
         teacher = policy_next if objective != "sampled" else None
         head_loss, head_acc = mtp_loss(objective, logits / temperature, targets[at], teacher, vocab)

@@ -18,7 +18,7 @@ from omegaconf import DictConfig
 
 from mtp import warm_up_group
 from mtp.loss import draft_vocabulary, mtp_loss, mtp_targets, roll_packed, sample_sequences
-from mtp.model import MiMoForCausalLM, MiMoOutput, SharedPrompts
+from mtp.model import MiMoForCausalLM, MiMoOutput, SharedPrompts, shared_prompts
 from recipe.dapo.timeline import timed
 
 if TYPE_CHECKING:
@@ -64,6 +64,10 @@ class PackedRows:
     prompt_lens: list[int]
     response_lens: list[int]
 
+    def shared_prompts(self) -> SharedPrompts:
+        """Which rows open with the same prompt (a DAPO group's responses): the MTP layer runs over it once."""
+        return shared_prompts(self.input_ids, self.response_mask, self.cu_seqlens)
+
 
 def pack_rows(batch) -> PackedRows:
     prompts, responses = batch.batch["prompts"], batch.batch["responses"]
@@ -81,17 +85,6 @@ def pack_rows(batch) -> PackedRows:
     cu = torch.zeros(len(lengths) + 1, dtype=torch.long)
     cu[1:] = lengths.cumsum(0)
     return PackedRows(torch.cat(ids), torch.cat(masks), cu, p_lens, r_lens)
-
-
-def shared_prompts(rows: PackedRows) -> SharedPrompts:
-    """Which rows open with the same prompt tokens (a DAPO group's responses), for the MTP layers to run over each
-    prompt once. The rows after a prompt's first read that row's prompt states: the engine prefilled the same
-    tokens for every response of the group."""
-    first, seen = [], {}
-    for i, p_len in enumerate(rows.prompt_lens):
-        start = int(rows.cu_seqlens[i])
-        first.append(seen.setdefault(tuple(rows.input_ids[start : start + p_len].tolist()), i))
-    return SharedPrompts(first, list(rows.prompt_lens))
 
 
 def unpack_to_responses(values: torch.Tensor, rows: PackedRows, width: int) -> torch.Tensor:
@@ -145,7 +138,7 @@ def forward_rows(
             # the policy's distribution of token t+2 (the teacher) is its output at t+1
             head_loss, head_acc = head_loss_at(
                 model, out, rows.cu_seqlens, mtp_positions, mtp_target_ids, logits.detach()[mtp_positions + 1],
-                temperature, mtp_objective, mtp_vocab_topk, shared_prompts(rows),
+                temperature, mtp_objective, mtp_vocab_topk, rows.shared_prompts(),
             )  # fmt: skip
     return ForwardOut(
         unpack_to_responses(token_logp, rows, width),
@@ -228,7 +221,7 @@ def head_loss_rows(
     out = model.output_from_states(rows.input_ids, hidden, mtp_positions + 1)
     return head_loss_at(
         model, out, rows.cu_seqlens, mtp_positions, every_target[mtp_positions], out.logits.float() / temperature,
-        temperature, mtp_objective, mtp_vocab_topk, shared_prompts(rows) if share_prompts else None,
+        temperature, mtp_objective, mtp_vocab_topk, rows.shared_prompts() if share_prompts else None,
     )  # fmt: skip
 
 

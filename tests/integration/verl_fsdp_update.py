@@ -20,7 +20,8 @@ os.environ["OMP_NUM_THREADS"] = "1"  # more than one crashes the CPU backward in
 
 
 def batch(tokenizer_pad: int, seed: int = 0):
-    """Four left-padded prompts with right-padded responses, in veRL's trainer layout, as the engine receives it."""
+    """Four left-padded prompts (the last two the same) with right-padded responses, in veRL's trainer layout, as the
+    engine receives it."""
     import torch
     from tensordict import TensorDict
     from verl.workers.utils.padding import left_right_2_no_padding
@@ -33,6 +34,7 @@ def batch(tokenizer_pad: int, seed: int = 0):
     prompt_mask[0, :2] = 0  # left padding
     response_mask = torch.ones(rows, response_len, dtype=torch.long)
     response_mask[1, 7:] = 0  # right padding
+    prompts[3] = prompts[2]  # a group's two responses: the MTP layer runs over their prompt once
     prompts[prompt_mask == 0] = tokenizer_pad
     responses[response_mask == 0] = tokenizer_pad
     attention = torch.cat([prompt_mask, response_mask], 1)

@@ -527,11 +527,11 @@ def test_mtp_layers_over_a_shared_prompt_once_equal_them_over_every_rows(mtp_lay
     or if a position in the prompt reads another row's output."""
     from mtp.loss import sample_sequences
     from mtp.model import mtp_rows
-    from recipe.dapo.policy import pack_rows, shared_prompts
+    from recipe.dapo.policy import pack_rows
 
     model = tiny_model(seed=3, mtp_layers=mtp_layers)
     rows = pack_rows(shared_prompt_batch())
-    prompts = shared_prompts(rows)
+    prompts = rows.shared_prompts()
     assert prompts.first == [0, 0, 0, 3, 3, 5, 5, 5]
     out = model(rows.input_ids, rows.cu_seqlens, with_mtp=False)
     _, trained = mtp_targets(rows.input_ids, rows.response_mask, rows.cu_seqlens, depth=0)
