@@ -212,7 +212,7 @@ def head_loss_rows(
     """The online MTP loss of :func:`forward_rows` (and its top-1 accuracy) on rows the policy does not train on, from
     the trunk states the rollout computed for them (:func:`packed_trunk_states`): the trunk does not run again and the
     LM head only where the loss reads its teacher, so a row costs that and the head's forward and backward, and a
-    prompt the rows share the MTP layer's once (``share_prompts``; off, every row's: scripts/bench_mtp_overhead.py
+    prompt the rows share the MTP layer's once (``share_prompts``; off, every row's: scripts/bench_head_step.py
     measures what that saves)."""
     rows = pack_rows(batch)
     hidden = packed_trunk_states(batch, rows, model.lm_head.weight.dtype)
