@@ -119,6 +119,19 @@ def draft_vocabulary(policy_logits: torch.Tensor, targets: torch.Tensor, topk: i
     return torch.unique(torch.cat([top.flatten(), targets.to(top.device)]))
 
 
+def teacher_probs_from_logprob(
+    policy_logits: torch.Tensor, target_index: torch.Tensor, target_logprob: torch.Tensor
+) -> torch.Tensor:
+    """The policy's probabilities over a shortlist (:func:`draft_vocabulary`) from its tempered logits over those
+    tokens alone (``policy_logits`` [P, |vocab|]) and one whole-vocabulary log-prob a position, the sampled token's
+    (``target_logprob`` [P], at shortlist column ``target_index``; the rollout engine reports it): the normaliser is
+    ``logit - logprob`` of that token, so this equals ``softmax(whole-vocabulary logits)[:, vocab]`` without the
+    LM head over the whole vocabulary."""
+    logits = policy_logits.detach().float()
+    log_normaliser = logits.gather(-1, target_index[:, None]) - target_logprob.float()[:, None]
+    return torch.exp(logits - log_normaliser)
+
+
 def mtp_loss(
     objective: str,
     logits: torch.Tensor,

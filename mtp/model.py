@@ -418,14 +418,20 @@ class MiMoForCausalLM(nn.Module):
         return out
 
     def output_from_states(
-        self, input_ids: torch.Tensor, hidden: torch.Tensor, logit_positions: torch.Tensor
+        self,
+        input_ids: torch.Tensor,
+        hidden: torch.Tensor,
+        logit_positions: torch.Tensor,
+        vocab: torch.Tensor | None = None,
     ) -> MiMoOutput:
         """A forward's output from the trunk's pre-norm hidden states computed elsewhere (``hidden``, [T, H]: the
         rollout engine's), for training the MTP layers alone: the embeddings, and next-token logits only at
-        ``logit_positions`` ([P, V], where a loss reads its teacher), without autograd. The trunk does not run."""
+        ``logit_positions`` ([P, V], where a loss reads its teacher; with ``vocab``, sorted token ids, [P, |vocab|]
+        over those alone), without autograd. The trunk does not run."""
         with torch.no_grad():
             embeds = self.model.embed_tokens(input_ids)
-            logits = self.lm_head(self.model.norm(hidden[logit_positions]))
+            head = self.lm_head.weight if vocab is None else self.lm_head.weight[vocab]
+            logits = self.model.norm(hidden[logit_positions]) @ head.T
         return MiMoOutput(logits=logits, hidden=hidden, embeds=embeds, mtp_logits=[])
 
     def draft_logits(

@@ -140,6 +140,9 @@ class EngineOptions:
     seed: int = 0
     kv_cache_blocks: int | None = None  # vLLM's num_gpu_blocks_override (None: sized from memory); a small cache
     # makes vLLM preempt requests, as a busy GPU rollout does
+    teacher_topk: int = 0  # the most log-probs a request may ask for (vLLM's max_logprobs), reported after the
+    # temperature (processed_logprobs): the distribution each token was sampled from, the online MTP head's teacher on
+    # the rows the update leaves out (recipe/dapo/rollout.py generate(teacher_topk=...)); 0: vLLM's defaults
 
 
 def make_llm(
@@ -176,6 +179,9 @@ def make_llm(
     )
     if spec is not None:
         kwargs["speculative_config"] = spec
+    if options.teacher_topk:
+        kwargs["max_logprobs"] = options.teacher_topk
+        kwargs["logprobs_mode"] = "processed_logprobs"
     if additional_config:
         kwargs["additional_config"] = additional_config
     if options.dtype == "bfloat16" and not on_gpu() and slow_bfloat16_cpu():

@@ -355,7 +355,8 @@ def main() -> None:
             model = load_checkpoint(depth_ckpt).float()
             depth = model.config.num_hidden_layers
             if args.backend == "local":
-                left_out = own_trunk_states(model, dropped) if args.dropped_rows else None
+                # with a shortlist the left-out rows carry the rollout's teacher, as generate(teacher_topk=k) hands it
+                left_out = own_trunk_states(model, dropped, args.loss_vocab_topk) if args.dropped_rows else None
                 updates = local_updates(model, batch, overrides, left_out)
             else:
                 updates = verl_updates(depth_ckpt, batch, compose(["spec=mtp", *overrides]))

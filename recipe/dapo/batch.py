@@ -16,6 +16,10 @@ from omegaconf import DictConfig
 from recipe.dapo.rollout import Response
 from recipe.data.loader import Problem
 
+# what a response may carry for the online MTP head's steps on the rows the update leaves out (their trunk states and
+# the policy's distribution there); the update runs the trunk over its own rows and drops them
+ROLLOUT_TEACHER_KEYS = ("trunk_states", "teacher_topk", "token_logprobs")
+
 
 def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info=None, **kwargs) -> dict:
     """The one scorer of training rewards and validation: veRL's ``math_dapo`` rule for every math source (the
@@ -43,7 +47,8 @@ def build_batch(
     response_width: int,
 ):
     """A veRL DataProto for ``responses``; ``problems[r.prompt_index]`` / ``uids[...]`` give each one's group, and
-    ``trunk_states`` holds the rollout's trunk states where the responses carry them.
+    ``trunk_states``, ``teacher_topk`` and ``token_logprobs`` hold what the rollout kept for the online MTP head where
+    the responses carry it (:class:`~recipe.dapo.rollout.Response`).
 
     Prompts are left-padded to ``prompt_width`` and responses right-padded to ``response_width``
     (``data.max_prompt_length`` / ``data.max_response_length``, as veRL pads them), so batches of different
@@ -79,10 +84,11 @@ def build_batch(
         ),
         "extra_info": np.array([{"index": problems[r.prompt_index].index} for r in responses], dtype=object),
     }
-    if responses[0].trunk_states is not None:  # ragged: an object array of one [positions, hidden] array per row
-        non_tensors["trunk_states"] = np.empty(b, dtype=object)
-        for i, r in enumerate(responses):
-            non_tensors["trunk_states"][i] = r.trunk_states
+    for key in ROLLOUT_TEACHER_KEYS:  # ragged: an object array of one array per row, where the responses carry it
+        if getattr(responses[0], key) is not None:
+            non_tensors[key] = np.empty(b, dtype=object)
+            for i, r in enumerate(responses):
+                non_tensors[key][i] = getattr(r, key)
     return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors)
 
 

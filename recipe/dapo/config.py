@@ -144,6 +144,14 @@ def validate(cfg: DictConfig) -> None:
             "spec.mtp.dropped_tokens_per_kept_token",
             "caps the tokens of spec.mtp.train_on_dropped_groups: set that true, or leave this 0",
         )
+        top_p = cfg.actor_rollout_ref.rollout.top_p
+        _require(
+            not (dropped and topk) or top_p == 1.0,
+            "actor_rollout_ref.rollout.top_p",
+            f"is {top_p}: with spec.mtp.train_on_dropped_groups and loss_vocab_topk the head's teacher on the left-out "
+            "rows is the rollout's log-probs, which vLLM reports over the top-p nucleus, not the whole distribution the "
+            "update's teacher is: set top_p=1.0 (DAPO's), or loss_vocab_topk=0",
+        )
         _require(
             not dropped or cfg.backend == "local",
             "spec.mtp.train_on_dropped_groups",

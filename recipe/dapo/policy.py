@@ -17,7 +17,15 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 
 from mtp import warm_up_group
-from mtp.loss import draft_vocabulary, mtp_loss, mtp_targets, roll_packed, sample_sequences
+from mtp.loss import (
+    draft_vocabulary,
+    mtp_loss,
+    mtp_targets,
+    objective_loss,
+    roll_packed,
+    sample_sequences,
+    teacher_probs_from_logprob,
+)
 from mtp.model import MiMoForCausalLM, MiMoOutput, SharedPrompts, shared_prompts
 from recipe.dapo.timeline import timed
 
@@ -185,19 +193,46 @@ def packed_trunk_states(batch, rows: PackedRows, dtype: torch.dtype) -> torch.Te
     return torch.cat(parts).to(dtype)
 
 
-def own_trunk_states(model: MiMoForCausalLM, batch):
+def own_trunk_states(model: MiMoForCausalLM, batch, teacher_topk: int = 0, temperature: float = 1.0):
     """``batch`` with the policy's own trunk states as ``trunk_states``, the pre-norm hidden state at every position of
     each row but its last: what the rollout engine hands over (:class:`~recipe.dapo.rollout.TrunkStateLog`), for rows
-    that no engine generated (tests, scripts/bench_mtp_overhead.py)."""
+    that no engine generated (tests, scripts/bench_mtp_overhead.py); with ``teacher_topk``, its teacher as well
+    (``teacher_topk`` and ``token_logprobs`` at ``temperature``, as ``generate(teacher_topk=...)`` keeps them)."""
     rows = pack_rows(batch)
     with torch.no_grad():
-        hidden = model(rows.input_ids, rows.cu_seqlens, with_mtp=False).hidden
+        out = model(rows.input_ids, rows.cu_seqlens, with_mtp=False)
+        logprobs = F.log_softmax(out.logits.float() / temperature, dim=-1) if teacher_topk else None
     bounds = rows.cu_seqlens.tolist()
-    states = np.empty(len(batch), dtype=object)
+    states, tops, token_logprobs = (np.empty(len(batch), dtype=object) for _ in range(3))
     for i in range(len(batch)):
-        states[i] = hidden[bounds[i] : bounds[i + 1] - 1].numpy().copy()
+        states[i] = out.hidden[bounds[i] : bounds[i + 1] - 1].numpy().copy()
+        if teacher_topk:  # response token j was sampled from the logits one position earlier
+            sampled_from = torch.arange(bounds[i] + rows.prompt_lens[i] - 1, bounds[i + 1] - 1)
+            at = logprobs[sampled_from]
+            tops[i] = at.topk(teacher_topk, dim=-1).indices.numpy().astype(np.int32)
+            token_logprobs[i] = at.gather(-1, rows.input_ids[sampled_from + 1, None]).squeeze(-1).numpy()
     batch.non_tensor_batch["trunk_states"] = states
+    if teacher_topk:
+        batch.non_tensor_batch["teacher_topk"] = tops
+        batch.non_tensor_batch["token_logprobs"] = token_logprobs
     return batch
+
+
+def packed_rollout_teacher(batch, rows: PackedRows) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The rows' ``teacher_topk`` and ``token_logprobs`` (:class:`~recipe.dapo.rollout.Response`) as streams aligned
+    with :func:`pack_rows`, indexed by the token they describe (the distribution token j was sampled from is at j;
+    prompt tokens hold -1 and 0); None where the rollout kept none."""
+    if "teacher_topk" not in batch.non_tensor_batch:
+        return None
+    ids, logprobs = [], []
+    for i, (top, lp) in enumerate(
+        zip(batch.non_tensor_batch["teacher_topk"], batch.non_tensor_batch["token_logprobs"], strict=True)
+    ):
+        if len(top) != rows.response_lens[i] or len(lp) != rows.response_lens[i]:
+            raise ValueError(f"row {i}: the rollout's teacher covers {len(top)} of {rows.response_lens[i]} tokens")
+        ids += [torch.full((rows.prompt_lens[i], top.shape[1]), -1, dtype=torch.long), torch.from_numpy(top).long()]
+        logprobs += [torch.zeros(rows.prompt_lens[i]), torch.from_numpy(lp)]
+    return torch.cat(ids), torch.cat(logprobs)
 
 
 def head_loss_rows(
@@ -210,19 +245,39 @@ def head_loss_rows(
     share_prompts: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The online MTP loss of :func:`forward_rows` (and its top-1 accuracy) on rows the policy does not train on, from
-    the trunk states the rollout computed for them (:func:`packed_trunk_states`): the trunk does not run again and the
-    LM head only where the loss reads its teacher, so a row costs that and the head's forward and backward, and a
-    prompt the rows share the MTP layer's once (``share_prompts``; off, every row's: scripts/bench_head_step.py
-    measures what that saves)."""
+    the trunk states the rollout computed for them (:func:`packed_trunk_states`): the trunk does not run again, and a
+    prompt the rows share runs the MTP layer once (``share_prompts``; off, every row's: scripts/bench_head_step.py
+    measures what that saves). The teacher, the policy's distribution of the drafted token, comes with a shortlist
+    from the rollout where it kept one (:func:`packed_rollout_teacher`): its top-k ids give the shortlist and the
+    sampled token's log-prob the normaliser (:func:`~mtp.loss.teacher_probs_from_logprob`), so the LM head runs over
+    the shortlist alone; otherwise over the whole vocabulary where the loss reads it."""
     rows = pack_rows(batch)
     hidden = packed_trunk_states(batch, rows, model.lm_head.weight.dtype)
     every_target, trained = mtp_targets(rows.input_ids, rows.response_mask, rows.cu_seqlens, depth=0)
     mtp_positions = sample_sequences(trained.nonzero().squeeze(-1), rows.cu_seqlens, mtp_fraction)
-    out = model.output_from_states(rows.input_ids, hidden, mtp_positions + 1)
-    return head_loss_at(
-        model, out, rows.cu_seqlens, mtp_positions, every_target[mtp_positions], out.logits.float() / temperature,
-        temperature, mtp_objective, mtp_vocab_topk, rows.shared_prompts() if share_prompts else None,
-    )  # fmt: skip
+    targets = every_target[mtp_positions]
+    prompts = rows.shared_prompts() if share_prompts else None
+    teacher = packed_rollout_teacher(batch, rows) if mtp_vocab_topk else None
+    if teacher is None:
+        out = model.output_from_states(rows.input_ids, hidden, mtp_positions + 1)
+        return head_loss_at(
+            model, out, rows.cu_seqlens, mtp_positions, targets, out.logits.float() / temperature, temperature,
+            mtp_objective, mtp_vocab_topk, prompts,
+        )  # fmt: skip
+    top_ids, token_logprobs = teacher
+    if top_ids.shape[1] != mtp_vocab_topk:
+        raise ValueError(f"the rollout kept a top-{top_ids.shape[1]} teacher for a top-{mtp_vocab_topk} shortlist")
+    # the drafted token t+2 was sampled from the policy's output at t+1, what the rollout kept at t+2
+    vocab = torch.unique(torch.cat([top_ids[mtp_positions + 2].flatten(), targets]))
+    out = model.output_from_states(rows.input_ids, hidden, mtp_positions + 1, vocab=vocab)
+    target_index = torch.searchsorted(vocab, targets)
+    (head,) = model.draft_logits(out, rows.cu_seqlens, mtp_positions=mtp_positions, vocab=vocab, prompts=prompts)
+    teacher_probs = None
+    if mtp_objective != "sampled":
+        teacher_probs = teacher_probs_from_logprob(
+            out.logits.float() / temperature, target_index, token_logprobs[mtp_positions + 2]
+        )
+    return objective_loss(mtp_objective, head / temperature, target_index, teacher_probs)
 
 
 def verl_lr_scheduler(
@@ -268,6 +323,9 @@ class Actor:
         # only spec=mtp configs carry spec.mtp (a frozen head logs its loss under the same objective)
         self.mtp_objective = str(cfg.spec.mtp.objective) if self.spec_method == "mtp" else "sampled"
         self.mtp_vocab_topk = int(cfg.spec.mtp.loss_vocab_topk) if self.spec_method == "mtp" else 0
+        # the rollout hands the left-out rows' teacher over with their trunk states: the shortlist and the normaliser
+        # (head_loss_rows), so the head's steps on them never run the LM head over the whole vocabulary
+        self.rollout_teacher_topk = self.mtp_vocab_topk if self.head_trains_on_dropped else 0
         self.policy = policy.train()
         if next(policy.parameters()).device.type == "cpu":
             keep_freed_memory_on_cpu()

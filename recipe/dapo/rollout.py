@@ -19,7 +19,7 @@ import torch
 
 from recipe.dapo.timeline import RolloutTimeline
 from recipe.data.loader import Problem
-from recipe.engine import EngineOptions, make_llm, on_gpu, spec_counters
+from recipe.engine import EngineOptions, make_llm, on_gpu, spec_counters, spec_from_config
 from recipe.evaluate import EvalResult, evaluate
 
 logger = logging.getLogger(__name__)
@@ -37,6 +37,11 @@ class Response:
     # the trunk's last hidden states (before its final norm) at positions 0 .. len(prompt)+len(tokens)-2, the ones
     # each next token was sampled from, as the engine's MTP drafter read them (``generate(keep_trunk_states=True)``)
     trunk_states: np.ndarray | None = None
+    # with ``generate(teacher_topk=k)``: the ids of the k likeliest tokens ([len(tokens), k], int32) and the sampled
+    # token's log-prob ([len(tokens)], float32) at each response token's position, at the rollout temperature (vLLM's
+    # processed logprobs): the online MTP head's teacher on rows the update leaves out (recipe/dapo/policy.py)
+    teacher_topk: np.ndarray | None = None
+    token_logprobs: np.ndarray | None = None
 
 
 @dataclass
@@ -142,7 +147,13 @@ class Rollout(Protocol):
     tokenizer: Any
 
     def generate(
-        self, prompts: list[list[int]], n: int, sampling: dict, progress: bool = False, keep_trunk_states: bool = False
+        self,
+        prompts: list[list[int]],
+        n: int,
+        sampling: dict,
+        progress: bool = False,
+        keep_trunk_states: bool = False,
+        teacher_topk: int = 0,
     ) -> RolloutResult: ...
 
     def evaluate(
@@ -285,6 +296,38 @@ def _drafter_state_on_worker(worker, blob: bytes | None = None) -> bytes | None:
     return None
 
 
+def teacher_of(completion, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """A finished completion's flat logprobs (sampled token first, then the k likeliest, at every position) as
+    (the k likeliest ids [tokens, k] int32, the sampled token's log-prob [tokens] float32)."""
+    flat = completion.logprobs
+    tokens = len(completion.token_ids)
+    ids = np.asarray(flat.token_ids, dtype=np.int32)
+    if ids.size != tokens * (k + 1):
+        raise RuntimeError(f"{ids.size} log-probs for {tokens} tokens at top-{k} (expected {tokens * (k + 1)})")
+    ids = ids.reshape(tokens, k + 1)
+    if not np.array_equal(ids[:, 0], np.asarray(completion.token_ids, dtype=np.int32)):
+        raise RuntimeError("vLLM's first log-prob of a position is not the sampled token's")
+    logprobs = np.asarray(flat.logprobs, dtype=np.float32).reshape(tokens, k + 1)
+    return ids[:, 1:].copy(), logprobs[:, 0].copy()
+
+
+def rollout_engine(cfg, model_path: str, teacher_topk: int = 0) -> RolloutEngine:
+    """The local trainer's rollout engine for the recipe config ``cfg`` (``actor_rollout_ref.rollout`` and ``spec``),
+    able to hand over a ``teacher_topk`` teacher (the online head's on left-out rows)."""
+    ro, data = cfg.actor_rollout_ref.rollout, cfg.data
+    spec_cfg, extra = spec_from_config(cfg.spec)
+    options = EngineOptions(
+        max_model_len=data.max_prompt_length + data.max_response_length,
+        max_num_seqs=ro.max_num_seqs,
+        gpu_memory_utilization=ro.gpu_memory_utilization,
+        enforce_eager=ro.enforce_eager,
+        seed=int(ro.seed),
+        dtype=str(ro.dtype),
+        teacher_topk=teacher_topk,
+    )
+    return RolloutEngine(model_path, spec_cfg, options, extra, free_cache_engine=ro.free_cache_engine)
+
+
 class RolloutEngine:
     """:class:`Rollout` on an in-process ``vllm.LLM`` with the chosen speculative method."""
 
@@ -300,22 +343,37 @@ class RolloutEngine:
         self.llm = make_llm(model_path, spec_config, options, additional_config=additional_config)
         self.tokenizer = self.llm.get_tokenizer()
         self.can_sleep = free_cache_engine and on_gpu()
+        self.max_teacher_topk = options.teacher_topk
         self._request_counter = 0
         self.llm.collective_rpc(_record_suffix_tree_on_worker)
         if free_cache_engine and not self.can_sleep:
             logger.info("rollout.free_cache_engine: vLLM sleep mode needs a GPU; the CPU engine stays resident")
 
     def generate(
-        self, prompts: list[list[int]], n: int, sampling: dict, progress: bool = False, keep_trunk_states: bool = False
+        self,
+        prompts: list[list[int]],
+        n: int,
+        sampling: dict,
+        progress: bool = False,
+        keep_trunk_states: bool = False,
+        teacher_topk: int = 0,
     ) -> RolloutResult:
         """``n`` samples for each prompt (token ids); one timeline entry per engine step. With ``keep_trunk_states``
         each response carries the trunk states its tokens were sampled from (:attr:`Response.trunk_states`; MTP
-        drafter only)."""
+        drafter only), and with ``teacher_topk`` each token's k likeliest tokens and its own log-prob
+        (:attr:`Response.teacher_topk`; an engine made with ``EngineOptions(teacher_topk >= k)``)."""
         from tqdm import tqdm
         from vllm import SamplingParams, TokensPrompt
 
+        if teacher_topk > self.max_teacher_topk:
+            raise ValueError(
+                f"generate(teacher_topk={teacher_topk}) on an engine made with EngineOptions(teacher_topk="
+                f"{self.max_teacher_topk}): vLLM reports at most that many log-probs a token"
+            )
         engine = self.llm.llm_engine
-        params = SamplingParams(n=1, **sampling)
+        # flat: a few lists a request instead of a dict of k + 1 objects a token
+        logprobs = {"logprobs": teacher_topk, "flat_logprobs": True} if teacher_topk else {}
+        params = SamplingParams(n=1, **sampling, **logprobs)
         if keep_trunk_states:
             self.llm.collective_rpc(_arm_trunk_state_log_on_worker)
         owner: dict[str, int] = {}
@@ -360,9 +418,12 @@ class RolloutEngine:
         responses = []
         for rid, p_i in owner.items():
             comp = finished[rid].outputs[0]
-            responses.append(
-                Response(p_i, list(prompts[p_i]), list(comp.token_ids), comp.text, comp.finish_reason, states.get(rid))
+            response = Response(
+                p_i, list(prompts[p_i]), list(comp.token_ids), comp.text, comp.finish_reason, states.get(rid)
             )
+            if teacher_topk:
+                response.teacher_topk, response.token_logprobs = teacher_of(comp, teacher_topk)
+            responses.append(response)
         return RolloutResult(responses, timeline)
 
     def _trunk_states(self, owner: dict[str, int], finished: dict[str, Any], prompts: list[list[int]]) -> dict:

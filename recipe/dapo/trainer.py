@@ -23,12 +23,19 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from mtp.checkpoint import load_checkpoint, save_checkpoint
-from recipe.dapo.batch import RewardFunction, build_batch, kept_groups, select_groups, spread_rows
+from recipe.dapo.batch import (
+    ROLLOUT_TEACHER_KEYS,
+    RewardFunction,
+    build_batch,
+    kept_groups,
+    select_groups,
+    spread_rows,
+)
 from recipe.dapo.data import PromptStream, load_prompts
 from recipe.dapo.drift import DriftProbe, load_or_sample_probe
 from recipe.dapo.policy import Actor
 from recipe.dapo.report import PROBE_PREFIX, plot_run, step_line
-from recipe.dapo.rollout import Rollout, RolloutEngine
+from recipe.dapo.rollout import Rollout, rollout_engine
 from recipe.dapo.run_dir import (
     TRACKING_PREFIX,
     checkpoint_dir,
@@ -39,7 +46,6 @@ from recipe.dapo.run_dir import (
     write_history,
 )
 from recipe.dapo.timeline import step_rollout_metrics, timed, timeline_path
-from recipe.engine import EngineOptions, spec_from_config
 from recipe.evaluate import by_data_source
 
 logger = logging.getLogger(__name__)
@@ -71,20 +77,8 @@ class DAPOTrainer:
         self.actor = Actor(load_checkpoint(model_path, dtype=torch.float32), cfg)
         self.policy = self.actor.policy
 
-        ro = cfg.actor_rollout_ref.rollout
-        spec_cfg, extra = spec_from_config(cfg.spec)
-        data = cfg.data
-        options = EngineOptions(
-            max_model_len=data.max_prompt_length + data.max_response_length,
-            max_num_seqs=ro.max_num_seqs,
-            gpu_memory_utilization=ro.gpu_memory_utilization,
-            enforce_eager=ro.enforce_eager,
-            seed=int(ro.seed),
-            dtype=str(ro.dtype),
-        )
-        self.engine: Rollout = RolloutEngine(
-            model_path, spec_cfg, options, extra, free_cache_engine=ro.free_cache_engine
-        )
+        self.engine: Rollout = rollout_engine(cfg, model_path, self.actor.rollout_teacher_topk)
+        ro, data = cfg.actor_rollout_ref.rollout, cfg.data
         self.tokenizer = self.engine.tokenizer
         problems, prompt_ids = load_prompts(
             verl_cfg.data.train_files, self.tokenizer, data.max_prompt_length, max_rows=_rows(data.train_max_samples)
@@ -202,6 +196,7 @@ class DAPOTrainer:
                     self.sampling,
                     progress=bool(self.options.progress_bar),
                     keep_trunk_states=self.actor.head_trains_on_dropped,
+                    teacher_topk=self.actor.rollout_teacher_topk,
                 )
             gen_s = time.perf_counter() - start
             with timed(timing, "reward"):
@@ -249,7 +244,8 @@ class DAPOTrainer:
                 left_out.append(kept_batch[want * n :])
             kept_batch = kept_batch[: want * n]
         if kept_batch is not None:  # the update runs the trunk over its rows anyway
-            kept_batch.non_tensor_batch.pop("trunk_states", None)
+            for key in ROLLOUT_TEACHER_KEYS:
+                kept_batch.non_tensor_batch.pop(key, None)
         stats = self._round_metrics(rounds, np.concatenate(scores_all))
         if not left_out:
             return kept_batch, None, stats

@@ -127,13 +127,17 @@ def test_mtp_job_trains_the_head_only_when_online(harness_model, tmp_path, train
     """spec=mtp: frozen keeps the base checkpoint's MTP layer, online changes it; both log the head's loss,
     accuracy and vLLM's acceptance every step. Online, the head also trains on the responses the update leaves out
     (spec.mtp.train_on_dropped_groups), at most 3 a step (spec.mtp.dropped_rows_per_step) and at most 1 response token
-    per kept token (spec.mtp.dropped_tokens_per_kept_token, against veRL's perf/total_num_tokens). Also: data.train_max_samples
+    per kept token (spec.mtp.dropped_tokens_per_kept_token, against veRL's perf/total_num_tokens), over a top-4 shortlist
+    whose teacher the rollout hands over (generate(teacher_topk=4)). Also: data.train_max_samples
     caps the prompt pool (6 prompts, 3 per round: the stream wraps into epoch 1 within two steps)."""
     from mtp.checkpoint import load_checkpoint
 
     out = tmp_path / train
     caps = ["spec.mtp.dropped_rows_per_step=3", "spec.mtp.dropped_tokens_per_kept_token=1.0"]
-    dropped = ["spec.mtp.train_on_dropped_groups=true", *caps] if train == "online" else []
+    # over a top-4 shortlist, so the left-out rows' teacher comes from the rollout's log-probs
+    dropped = (
+        ["spec.mtp.train_on_dropped_groups=true", "spec.mtp.loss_vocab_topk=4", *caps] if train == "online" else []
+    )
     run_job(
         run_args(harness_model, out, 2, "spec=mtp", f"spec.mtp.train={train}", "data.train_max_samples=6", *dropped),
         out,
@@ -192,7 +196,10 @@ def test_the_rollouts_trunk_states_are_the_policys_hidden_states(harness_model):
     """``generate(keep_trunk_states=True)`` on the MTP drafter hands each response the trunk states its tokens were
     sampled from: the policy's own pre-norm hidden states at every position of prompt and response but the last, with
     drafts both accepted and rejected on the way (fails if a rejected draft's state is kept, if a position shifts, or
-    if vLLM's suffixed request ids are matched to the wrong response). A round without it carries none."""
+    if vLLM's suffixed request ids are matched to the wrong response). With ``teacher_topk`` each response token also
+    carries the policy's k likeliest tokens and its own log-prob at T=0.8, the distribution it was sampled from (vLLM's
+    processed logprobs under speculative decoding; fails if the temperature is not applied or a position shifts). A
+    round without them carries none, and more log-probs than the engine was made for are refused."""
     import numpy as np
     import torch
 
@@ -201,25 +208,37 @@ def test_the_rollouts_trunk_states_are_the_policys_hidden_states(harness_model):
     from recipe.dapo.rollout import RolloutEngine
     from recipe.engine import EngineOptions, speculative_config
 
+    temperature, k = 0.8, 4
     engine = RolloutEngine(
         str(harness_model),
         speculative_config("mtp", 1),
-        EngineOptions(max_model_len=512, dtype="float32"),
+        EngineOptions(max_model_len=512, dtype="float32", teacher_topk=k),
         free_cache_engine=False,
     )
     try:
         _, ids = load_prompts(str(harness_model.parent / "data" / "test.parquet"), engine.tokenizer, 160, max_rows=3)
-        sampling = {"temperature": 1.0, "top_p": 1.0, "max_tokens": 96}
-        kept = engine.generate(ids, 4, sampling, keep_trunk_states=True)
+        sampling = {"temperature": temperature, "top_p": 1.0, "max_tokens": 96}
+        kept = engine.generate(ids, 4, sampling, keep_trunk_states=True, teacher_topk=k)
         plain = engine.generate(ids[:1], 2, sampling)
+        with pytest.raises(ValueError, match="teacher_topk=5.*teacher_topk=4"):
+            engine.generate(ids[:1], 1, sampling, keep_trunk_states=True, teacher_topk=k + 1)
     finally:
         engine.close()
     summary = kept.timeline.summary(1)
     assert 0 < summary["accepted_tokens"] < summary["draft_tokens"], summary  # some drafts accepted, some rejected
-    assert all(r.trunk_states is None for r in plain.responses)
+    assert all(r.trunk_states is None and r.teacher_topk is None for r in plain.responses)
     model = load_checkpoint(harness_model)
     for r in kept.responses:
         with torch.no_grad():
-            hidden = model(torch.tensor(r.prompt_ids + r.token_ids), with_mtp=False).hidden[:-1]
+            out = model(torch.tensor(r.prompt_ids + r.token_ids), with_mtp=False)
+        hidden = out.hidden[:-1]
         assert r.trunk_states.shape == tuple(hidden.shape)
         np.testing.assert_allclose(r.trunk_states, hidden.numpy(), rtol=1e-3, atol=1e-3)
+        # response token j was sampled from the policy's output one position earlier
+        logprobs = torch.log_softmax(out.logits[len(r.prompt_ids) - 1 : -1].float() / temperature, dim=-1)
+        assert r.teacher_topk.shape == (len(r.token_ids), k)
+        expected = logprobs.gather(-1, torch.tensor(r.token_ids)[:, None]).squeeze(-1)
+        np.testing.assert_allclose(r.token_logprobs, expected.numpy(), atol=1e-3)
+        # the k ids the engine ranked first carry the policy's k largest log-probs (ids themselves may swap on a tie)
+        top = logprobs.gather(-1, torch.from_numpy(r.teacher_topk).long())
+        np.testing.assert_allclose(top.numpy(), logprobs.topk(k, dim=-1).values.numpy(), atol=1e-3)

@@ -209,7 +209,8 @@ def test_spec_mtp_loss_vocab_topk_reaches_the_fsdp_actors_model_config_and_is_ch
 def test_spec_mtp_train_on_dropped_groups_is_refused_for_a_frozen_head_and_on_verl():
     """The head's steps on the groups dynamic filtering dropped run in the local trainer, which holds those groups:
     with a frozen head, or on backend=verl (whose trainer drops them before its actor sees them), the key is refused
-    at start, named; so is a cap on their rows without the key, or below 0."""
+    at start, named; so is a cap on their rows without the key, or below 0, and a top-p nucleus where their teacher
+    comes from the rollout's log-probs (a shortlist)."""
     validate(config("spec=mtp", "spec.mtp.train_on_dropped_groups=true"))
     with pytest.raises(ConfigError, match=r"spec\.mtp\.train_on_dropped_groups.*online"):
         validate(config("spec=mtp", "spec.mtp.train=frozen", "spec.mtp.train_on_dropped_groups=true"))
@@ -221,6 +222,10 @@ def test_spec_mtp_train_on_dropped_groups_is_refused_for_a_frozen_head_and_on_ve
     with pytest.raises(ConfigError, match=r"spec\.mtp\.dropped_rows_per_step.*integer >= 0.*got -1"):
         validate(config("spec=mtp", "spec.mtp.train_on_dropped_groups=true", "spec.mtp.dropped_rows_per_step=-1"))
     validate(config("spec=mtp", "spec.mtp.train_on_dropped_groups=true", "spec.mtp.dropped_tokens_per_kept_token=0.5"))
+    nucleus = ("spec=mtp", "spec.mtp.train_on_dropped_groups=true", "actor_rollout_ref.rollout.top_p=0.9")
+    validate(config(*nucleus))  # the teacher over the whole vocabulary: any top_p
+    with pytest.raises(ConfigError, match=r"actor_rollout_ref\.rollout\.top_p.*is 0\.9.*top_p=1\.0"):
+        validate(config(*nucleus, "spec.mtp.loss_vocab_topk=32"))
     with pytest.raises(ConfigError, match=r"spec\.mtp\.dropped_tokens_per_kept_token.*train_on_dropped_groups"):
         validate(config("spec=mtp", "spec.mtp.dropped_tokens_per_kept_token=0.5"))
     for bad in ("-0.1", "half", "true"):

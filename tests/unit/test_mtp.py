@@ -116,9 +116,9 @@ def test_packed_roll_equals_per_sequence_roll(shift):
         assert rolled[int(cu[j]) : int(cu[j + 1])].tolist() == ref.tolist()
 
 
-def tiny_model(tie: bool = False, seed: int = 0, mtp_layers: int = 1) -> MiMoForCausalLM:
+def tiny_model(tie: bool = False, seed: int = 0, mtp_layers: int = 1, vocab: int = 40) -> MiMoForCausalLM:
     cfg = MiMoConfig(
-        vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, tie_word_embeddings=tie, num_nextn_predict_layers=mtp_layers,
     )  # fmt: skip
     model = MiMoForCausalLM(cfg)
@@ -569,6 +569,34 @@ def test_the_head_only_loss_runs_the_mtp_layer_over_a_shared_prompt_once_with_th
     torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-5, atol=1e-6)
     for once, each in zip(results[0][1], results[1][1], strict=True):
         torch.testing.assert_close(once, each, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("objective", ["sampled", "acceptance"])
+def test_the_head_only_loss_from_the_rollouts_teacher_equals_it_over_the_whole_vocabulary(objective):
+    """``head_loss_rows`` on rows that carry the rollout's teacher (its top-k ids and the sampled token's log-prob at
+    each response token: shortlist and normaliser, the LM head over the shortlist alone) gives the loss and the head's
+    gradient it gives from the LM head over the whole vocabulary, on half the sequences at T=0.7. Fails if the
+    teacher is read a position off, if the normaliser ignores the log-prob, or if the shortlist differs (a vocabulary
+    of 400 where the responses use 40 tokens, so the shortlist is the top-2's)."""
+    from recipe.dapo.policy import head_loss_rows, own_trunk_states
+
+    model = tiny_model(seed=4, vocab=400)
+    batch = own_trunk_states(model, shared_prompt_batch(), teacher_topk=2, temperature=0.7)
+    without = copy.deepcopy(batch)
+    for key in ("teacher_topk", "token_logprobs"):
+        without.non_tensor_batch.pop(key)
+    head = [p for n, p in model.named_parameters() if "mtp_layers" in n]
+    results = []
+    for rows in (batch, without):
+        torch.manual_seed(11)  # the same half of the sequences
+        loss, acc = head_loss_rows(model, rows, 0.7, 0.5, objective, mtp_vocab_topk=2)
+        results.append((loss.detach(), acc, torch.autograd.grad(loss, head)))
+    torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-5, atol=1e-6)
+    assert results[0][1] == results[1][1]
+    for rollout, whole in zip(results[0][2], results[1][2], strict=True):
+        torch.testing.assert_close(rollout, whole, rtol=1e-4, atol=1e-6)
+    with pytest.raises(ValueError, match="top-2 teacher for a top-4 shortlist"):
+        head_loss_rows(model, batch, 0.7, 1.0, objective, mtp_vocab_topk=4)
 
 
 def test_the_head_only_loss_names_rows_without_their_trunk_states():
