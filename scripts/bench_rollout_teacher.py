@@ -4,7 +4,8 @@ With ``spec.mtp.train_on_dropped_groups`` and a top-k shortlist the rollout keep
 policy's k likeliest tokens and the sampled token's log-prob (vLLM's processed logprobs, ``generate(teacher_topk=k)``),
 so the head's steps on left-out rows need the LM head over the shortlist alone (scripts/bench_head_step.py
 ``--compare teacher``). Every rollout of such a run asks for them, for the groups that will be dropped are not known
-until their rewards are. This times the experiment's rollout (``+experiment=smollm2``: the grafted head drafting, T=1,
+until their rewards are. vLLM would decode each of the k + 1 tokens of every position, so those requests are not
+detokenized in the engine and their text is decoded once at the end. This times the experiment's rollout (``+experiment=smollm2``: the grafted head drafting, T=1,
 trunk states kept) on one engine with and without the teacher, in pairs from the same sampler seed, alternating which
 goes first.
 
@@ -57,7 +58,7 @@ def main() -> None:
         engine.generate(prompts, int(ro.n), sampling, keep_trunk_states=True, teacher_topk=topk)
         for pair in tqdm(range(args.pairs), desc="pairs"):
             row: dict[str, float | int | bool] = {"pair": pair}
-            tokens = {}
+            tokens, texts = {}, {}
             for k in (0, topk) if pair % 2 == 0 else (topk, 0):
                 engine.reseed(pair)
                 start = time.perf_counter()
@@ -65,9 +66,12 @@ def main() -> None:
                 seconds = time.perf_counter() - start
                 way = "teacher" if k else "plain"
                 tokens[way] = [r.token_ids for r in result.responses]
+                texts[way] = [r.text for r in result.responses]
                 row[f"{way}_s"] = seconds
                 row[f"{way}_tokens"] = sum(len(t) for t in tokens[way])
             row["same_tokens"] = tokens["teacher"] == tokens["plain"]
+            # vLLM's text without the teacher, the tokenizer's with it (not detokenized in the engine)
+            row["same_text"] = texts["teacher"] == texts["plain"]
             row["teacher_over_plain"] = (row["teacher_s"] / row["teacher_tokens"]) / (
                 row["plain_s"] / row["plain_tokens"]
             )
@@ -86,13 +90,13 @@ def main() -> None:
         "(vLLM's log-probs of every response token), in pairs from one sampler seed, alternating which goes first. "
         "Seconds per response token; the ratio is with / without.",
         "",
-        "| pair | without (s) | tokens | with (s) | tokens | same tokens | with / without, per token |",
-        "|---|---|---|---|---|---|---|",
+        "| pair | without (s) | tokens | with (s) | tokens | same tokens | same text | with / without, per token |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['pair']} | {r['plain_s']:.1f} | {r['plain_tokens']} | {r['teacher_s']:.1f} | {r['teacher_tokens']} "
-            f"| {r['same_tokens']} | {r['teacher_over_plain']:.3f}x |"
+            f"| {r['same_tokens']} | {r['same_text']} | {r['teacher_over_plain']:.3f}x |"
         )
     lines += ["", f"Median with / without: **{np.median(ratios):.3f}x** (range {ratios.min():.3f}-{ratios.max():.3f})."]
     (out / "rollout_teacher.md").write_text("\n".join(lines) + "\n")

@@ -371,8 +371,9 @@ class RolloutEngine:
                 f"{self.max_teacher_topk}): vLLM reports at most that many log-probs a token"
             )
         engine = self.llm.llm_engine
-        # flat: a few lists a request instead of a dict of k + 1 objects a token
-        logprobs = {"logprobs": teacher_topk, "flat_logprobs": True} if teacher_topk else {}
+        # flat: a few lists a request instead of a dict of k + 1 objects a token; not detokenized, for vLLM would
+        # decode every one of the k + 1 tokens at every position (the text is decoded once, below)
+        logprobs = {"logprobs": teacher_topk, "flat_logprobs": True, "detokenize": False} if teacher_topk else {}
         params = SamplingParams(n=1, **sampling, **logprobs)
         if keep_trunk_states:
             self.llm.collective_rpc(_arm_trunk_state_log_on_worker)
@@ -418,8 +419,9 @@ class RolloutEngine:
         responses = []
         for rid, p_i in owner.items():
             comp = finished[rid].outputs[0]
+            text = self.tokenizer.decode(comp.token_ids, skip_special_tokens=True) if teacher_topk else comp.text
             response = Response(
-                p_i, list(prompts[p_i]), list(comp.token_ids), comp.text, comp.finish_reason, states.get(rid)
+                p_i, list(prompts[p_i]), list(comp.token_ids), text, comp.finish_reason, states.get(rid)
             )
             if teacher_topk:
                 response.teacher_topk, response.token_logprobs = teacher_of(comp, teacher_topk)
