@@ -92,12 +92,9 @@ def main() -> None:
         without_teacher = copy.deepcopy(with_teacher)
         for key in ("teacher_topk", "token_logprobs"):
             without_teacher.non_tensor_batch.pop(key)
-        batch = without_teacher
-        # way True is the change, way False what it is compared with: (batch, share_prompts)
-        ways = {
-            True: (with_teacher, True) if args.compare == "teacher" else (without_teacher, True),
-            False: (without_teacher, True) if args.compare == "teacher" else (without_teacher, False),
-        }
+        # way True is the change, way False what it is compared with: (rows, share_prompts)
+        teacher = args.compare == "teacher"
+        ways = {True: (with_teacher if teacher else without_teacher, True), False: (without_teacher, teacher)}
         times: dict[bool, list[float]] = {True: [], False: []}
         for way in (True, False):  # a warm-up pass each
             head_pass(model, ways[way][0], cfg, ways[way][1])
@@ -110,8 +107,10 @@ def main() -> None:
         row = {
             "response_tokens": response_tokens,
             "rows_per_group": per_group,
-            "rows": len(batch),
-            "prompt_tokens": int(batch.batch["attention_mask"].sum() - batch.batch["response_mask"].sum()),
+            "rows": len(without_teacher),
+            "prompt_tokens": int(
+                without_teacher.batch["attention_mask"].sum() - without_teacher.batch["response_mask"].sum()
+            ),
             "change_s": float(np.median(change)),
             "base_s": float(np.median(base)),
             "change_over_base": float(np.median(change / base)),
