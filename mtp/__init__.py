@@ -17,8 +17,8 @@ def warm_up_group(scheduler, group: int, steps: int) -> None:
     """Ramp one parameter group of ``scheduler``'s optimizer (a ``LambdaLR``, as veRL's schedules are) linearly from
     1/(steps + 1) of its rate to all of it over its first ``steps`` scheduler steps, on top of the schedule every group
     follows: the online MTP head's own warm-up. AdamW's first bias-corrected steps move every weight by about the
-    rate whatever its gradient, which cost a converged head 6-8% of its acceptance at 3e-4 in one step
-    (results/real/online_head_replay)."""
+    rate whatever its gradient, which costs a converged head acceptance in its first step (results/FINDINGS.md,
+    "The head's first AdamW steps")."""
     if steps <= 0:
         return
     shared = scheduler.lr_lambdas[group]

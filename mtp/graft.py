@@ -5,7 +5,7 @@ trunk loads into MiMo's layout unchanged with those biases at zero, and the trun
 Llama checkpoint gives (tests/integration/test_mtp_graft.py compares them token for token in vLLM). The new MTP
 layer starts as a copy of the trunk's last decoder layer, with the trunk's final norm as its output norm and an
 input projection that adds the normalised hidden state and next-token embedding: a start from which training on the
-model's own samples (:mod:`mtp.head_training`) moves quickly. The embeddings and LM head stay tied, as SmolLM2 ties
+model's own samples (:mod:`recipe.head_training`) moves quickly. The embeddings and LM head stay tied, as SmolLM2 ties
 them; vLLM's MTP drafter shares the target's embedding and LM head.
 """
 
@@ -113,18 +113,16 @@ def graft_mtp(llama_dir: str | Path, out_dir: str | Path, num_mtp_layers: int = 
 def main(argv: list[str] | None = None) -> None:
     import argparse
 
-    from recipe.models import resolve_model
-
     parser = argparse.ArgumentParser(
         prog="python -m mtp.graft",
         description="Write a MiMo checkpoint of a Llama model with untrained MTP layers (train them with "
-        "scripts/graft_mtp_real.py or online during DAPO with spec=mtp).",
+        "python -m recipe.mtp_head, which also takes a built-in model name, or online during DAPO with spec=mtp).",
     )
-    parser.add_argument("model", help="a built-in model name, a .gguf file or a HF Llama directory")
+    parser.add_argument("model", help="a HF Llama checkpoint directory")
     parser.add_argument("out", help="the MiMo checkpoint directory to write")
     parser.add_argument("--mtp-layers", type=int, default=1)
     args = parser.parse_args(argv)
-    print(graft_mtp(resolve_model(args.model), args.out, args.mtp_layers))
+    print(graft_mtp(args.model, args.out, args.mtp_layers))
 
 
 if __name__ == "__main__":

@@ -67,7 +67,7 @@ def sample_sequences(positions: torch.Tensor, cu_seqlens: torch.Tensor, fraction
     any (at least one), in their order. Whole sequences, not scattered positions: the MTP layer then runs on the
     chosen sequences alone (:func:`mtp.model.run_mtp_layers`), so all of its cost scales with the fraction, where a
     share of positions saved only the vocabulary projection and left the layer's projections and attention over every
-    position (on veRL's update, +4% of it at any share). The token-mean over the kept positions is an unbiased ratio
+    position, whatever the share (results/mtp). The token-mean over the kept positions is an unbiased ratio
     estimate of the mean over all; its variance is that of a sample of sequences."""
     if fraction >= 1.0 or positions.numel() == 0:
         return positions

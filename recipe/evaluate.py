@@ -1,6 +1,6 @@
 """Sampling-based evaluation of a policy checkpoint with vLLM: pass@1 and speculative acceptance.
 
-Scoring uses the training reward's scorer (``recipe.dapo.batch.compute_score``, by data source), so evaluation and
+Scoring uses the training reward's scorer (``recipe.dapo.reward.compute_score``, by data source), so evaluation and
 RL reward agree on what a correct answer is.
 """
 
@@ -16,7 +16,7 @@ from recipe.engine import SpecCounters, spec_counters
 
 def score_response(text: str, ground_truth: str, data_source: str = "math_dapo") -> dict:
     """The training reward's score of one response: ``{"score": +1/-1, "acc": bool, "pred": str}``."""
-    from recipe.dapo.batch import compute_score
+    from recipe.dapo.reward import compute_score
 
     return compute_score(data_source, text, ground_truth)
 

@@ -27,9 +27,10 @@ from pathlib import Path
 
 import numpy as np
 
+from recipe.paths import REPO_ROOT
+
 END = -1  # position after the sequence ended
 DEFAULT_PROMPT = [{"role": "user", "content": "Add the numbers: 3 5 2 7 4"}]
-REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 @dataclass(frozen=True)

@@ -23,10 +23,11 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from recipe.paths import ARTIFACTS_DIR
+
 logger = logging.getLogger(__name__)
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-CACHE_DIR = REPO_ROOT / "artifacts" / "models"
+CACHE_DIR = ARTIFACTS_DIR / "models"
 COMPLETE_MARKER = "COMPLETE"
 # transformers' GGUF architecture names -> the HF class vLLM and veRL load (transformers saves architectures: null)
 GGUF_ARCHITECTURES = {

@@ -1,5 +1,5 @@
 """Online suffix automaton over token ids, compiled with numba over flat arrays, under 64 bytes per token (measured:
-results/sam/README.md, results/real/sam_ingest.md).
+results/sam).
 
 A suffix automaton over n tokens has n + 1 *prefix states* (prefix state i's longest string is the text's first
 i tokens) and fewer than n *clones* (made when a state splits). Most of what a prefix state holds follows from
@@ -13,15 +13,13 @@ its id, so only the rest is stored:
   16 B a slot, one cache line a probe. A state with an empty chain never probes it, and on text about four
   edges in five are implicit or inline, so most transitions touch no hash at all.
 
-Measured on 1M bytes of the Python standard library (scripts/bench_sam.py): 1.6 states, 0.6 clones and 0.4
-hashed edges per token; bytes per token with the growth slack, and more when tracking latest occurrences as a
-request's own text does, are in results/sam/bench_sam.json (the first layout took 206).
+States, clones and hashed edges per token, and bytes per token with the growth slack, are measured by
+``python -m recipe.bench sam`` (results/sam).
 
 The match state ``(match_state, match_len)`` is the longest suffix of the text that also ends at an earlier
 position: the suffix link of the newest prefix state, which the construction finds anyway. So a match is never
 the trivial self-match. A draft from the text itself copies what followed the match's latest earlier occurrence
-(recent text predicts better than old: the SAM-Decoding paper's first occurrence accepts 3% less on the model's
-samples), kept current for the first :data:`RECENT_DEPTH` states of each suffix path as tokens arrive. Matchers
+(recent text predicts better than old: results/FINDINGS.md, "First occurrence"), kept current for the first :data:`RECENT_DEPTH` states of each suffix path as tokens arrive. Matchers
 walk one automaton with another token stream (group sharing: a request matched against its siblings' finished
 responses).
 
@@ -81,8 +79,8 @@ GROWTH = 1.5  # arrays grow by this factor (the hash doubles)
 BYTES_PER_TOKEN = 64  # the memory budget the layout keeps on text (tests/unit/test_sam_automaton.py), for sizing bounds
 MAX_LOAD = 0.75  # hash slots in use before it doubles
 SCORED_LENGTHS = 4  # match lengths a scored draft from counted material is tried at: the longest and the next shorter
-# ones up the suffix links (each a K-token draft whose every token scans its state's edges: with every link down to one
-# token, scored drafting ran the embedded training A/B at 1.17x spec off, with four at 1.38x; results/real/README.md)
+# ones up the suffix links (each a K-token draft whose every token scans its state's edges: every link down to one
+# token cost more than it found, results/FINDINGS.md, "Scoring every match length")
 
 
 # libc's madvise by symbol name (resolved when the code is linked, so the compiled functions stay cacheable;

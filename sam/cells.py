@@ -9,7 +9,7 @@ before; seen once, but a shorter context went on in several ways; several times,
 several times, going on in several ways). A token drafted from counted group material
 is at a level set by how often the text up to it occurred (its support) and the share of those occurrences that went
 on with it: a continuation seen once after a long match and one that 30 of 40 responses took differ, and a share
-shrunk by a prior cannot tell them apart (teacher-forced on SmolLM2: results/real/README.md, "Scored drafting")."""
+shrunk by a prior cannot tell them apart (teacher-forced on SmolLM2: results/real/teacher_forced)."""
 
 from __future__ import annotations
 

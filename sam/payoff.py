@@ -3,8 +3,8 @@ must beat the step without it.
 
 A speculative step costs ``a + b * rows + c * drafted + (e + f * rows) * (drafted > 0)`` seconds (rows: requests
 in the step; drafted: draft tokens it verifies; ``e + f * rows``: vLLM verifies a step with any draft through its
-rejection sampler instead of its plain sampler, every row of it: on this CPU with a 49k vocabulary one draft token in
-a batch of 64 costs the whole step 1.56x, results/real/verify_cost.md) and yields ``rows + sum of accepted`` tokens. Adding one draft token whose chance of being
+rejection sampler instead of its plain sampler, every row of it: on a CPU with a large vocabulary that switch costs a
+big batch a large share of its step, results/real/verify_cost) and yields ``rows + sum of accepted`` tokens. Adding one draft token whose chance of being
 accepted (together with every draft token before it) is ``p`` raises tokens per second exactly when
 ``p > c * tokens / seconds``, so each request drafts the prefix of its draft whose chances clear that threshold
 (Dinkelbach's iteration for a ratio, a few rounds), and the step drafts at all only if that beats the step without
@@ -20,8 +20,8 @@ Both sides are learned online in the proposer, from what vLLM reports anyway:
   has not drafted yet does not assume drafts are free. That prior never learns where it is wrong (a step whose
   per-row cost is the engine's Python work, not arithmetic: a drafted token is then nearly free), so until
   ``EXPLORE_UNTIL`` observed steps have carried drafts, one step in ``EXPLORE_EVERY`` sends the draft tokens whose
-  chance is at least ``EXPLORE_CHANCE`` whatever the cost says: a one-off price per engine. (Restricted to steps of
-  at most 8 requests, it rarely ran, and the embedded model's rollouts fell to 0.90-0.98x spec off from 1.41-1.55x.)
+  chance is at least ``EXPLORE_CHANCE`` whatever the cost says: a one-off price per engine. (Restricted to the long
+  tail it rarely ran and the prior's price stuck: results/FINDINGS.md, "Exploration only in the tail".)
 - :class:`AcceptanceModel`: the chance that draft position ``j`` is accepted given the positions before it were,
   counted per source (the request's own text, its prompt's responses, every prompt's), match-length band and, with
   ``scored``, the token's evidence level (:mod:`sam.cells`). It learns from
@@ -55,13 +55,13 @@ CATCH_UP_EVERY = 4  # where no draft token can pay, the drafter works (takes the
 class AcceptanceModel:
     """Conditional acceptance per (source, match band, evidence level, draft position), from verified drafts: the
     evidence level (:mod:`sam.cells`) separates, within a band, a continuation most responses took from one seen
-    once, which the band alone mixed (teacher-forced on SmolLM2: results/real/README.md, "Scored drafting"). Unscored
+    once, which the band alone mixed (results/real/teacher_forced). Unscored
     drafts all count at level 0."""
 
     def __init__(self, k: int, prior_mean: float = 0.05, prior_weight: float = 4.0, levels: bool = False) -> None:
-        # a pessimistic prior: a cell never seen is not worth drafting (with 0.3, drafts from rarely seen bands were
-        # sent in the tail and accepted 9%: results/real/README.md); shadow drafts bring the evidence without
-        # sending anything
+        # a pessimistic prior: a cell never seen is not worth drafting (an optimistic one sent drafts from rarely seen
+        # bands that were seldom accepted: results/FINDINGS.md, "An optimistic acceptance prior"); shadow drafts
+        # bring the evidence without sending anything
         shape = (SOURCES, MATCH_BANDS.size, LEVELS, k)
         self.reached = np.full(shape, prior_weight)  # draft tokens verified with every earlier position accepted
         self.accepted = np.full(shape, prior_mean * prior_weight)
@@ -95,8 +95,8 @@ class AcceptanceModel:
 
         With ``levels``, a level's counts are shrunk towards its source and band's chance over every level (with the
         pessimistic prior), at the prior's weight: a level seen rarely starts where its band is, not at the prior.
-        Twenty levels per band at the prior cut most drafts until each was learned, which cost scored drafting a
-        tenth of its tokens per request-step on the embedded task (results/real/README.md)."""
+        Every level starting at the prior cut most drafts until each was learned (results/FINDINGS.md, "Evidence
+        levels at the prior")."""
         if self._table_at != self.observed:  # every count change settles a draft, which ``observed`` counts
             if self.levels:
                 _shrunk_chances(self.accepted, self.reached, *self.prior, self._table)
@@ -182,8 +182,8 @@ def _count_draft(reached, accepted, group, band, level, drafted, hits) -> None:
 
 
 SOLVE_EVERY = (4, 16)  # the cost fit is solved every this many observed steps: the first while the fit is young
-SOLVE_YOUNG = 64  # (fewer observed steps than this), then the second; a solve takes 0.3 ms in a vLLM step whose
-# forward has just evicted the caches (24 us warm), half the proposer's other work at 64 requests (results/real/README.md)
+SOLVE_YOUNG = 64  # (fewer observed steps than this), then the second: a solve right after the forward has evicted
+# the caches costs as much as much of the proposer's other work in a big batch
 
 
 @nb.njit(cache=True)

@@ -26,7 +26,7 @@ files every response that finished since into its group's sibling automaton and 
 samples have all finished never builds them into its sibling automaton. A prompt's finished rollout goes into its
 history when the next request starts (on a step that prefills a prompt) or at a checkpoint. At the end of a rollout
 most requests finish on a few steps, and filing each of them on the spot cost a few milliseconds on the steps with
-the fewest requests, where a step takes 25-35 ms (results/real/README.md, "Band by band over the same tokens").
+the fewest requests, where a step is shortest.
 vLLM's proposer goes one step further (:class:`sam.vllm.SAMProposer`): a request that leaves the batch is finished
 here (:meth:`BatchDrafter.finish`) only on a step where the drafter works and only if a running request drafts from
 its response (:meth:`BatchDrafter.drafted_from`); every other one waits for the next request's start or a checkpoint.
@@ -53,7 +53,7 @@ class SAMOptions:
     min_match: int = 2  # no draft below this match length ...
     min_match_counted: int = 1  # ... but this one from counted group material, whose counts say how often even one
     # token of context went on the same way, where drafts are scored (``scored``; suffix decoding drafts from such
-    # matches too; 2 lost 7% of the accepted tokens at the loosest drafting teacher-forced, results/real/README.md);
+    # matches too; 2 lost accepted tokens teacher-forced, results/real/teacher_forced);
     # unscored, min_match
     tokens_per_match: float = 2.0  # own-text drafts: ceil(tokens_per_match * (match - min_match + 1)), at most K
     batch_threshold: int = 256  # no drafting while more than this many requests are active (the article used 8)
@@ -63,8 +63,8 @@ class SAMOptions:
     cross_epoch: bool = True  # draft from earlier rollouts' responses to the same prompt
     scored: bool = True  # with the payoff rule: count acceptance also by each draft token's evidence level and pick
     # each request's source (and a counted corpus's match length) by what its draft gains under those chances
-    # (sam/cells.py; with global_sharing above vLLM suffix at every drafting level teacher-forced on SmolLM2, and within
-    # 1-3% of the longest match in the embedded training A/B: results/real/README.md); False: the longest match
+    # (sam/cells.py; with global_sharing above vLLM suffix at every drafting level teacher-forced on SmolLM2:
+    # results/real/teacher_forced); False: the longest match
     global_sharing: bool = True  # draft from every prompt's finished responses in this engine (one counted corpus:
     # answers to one task share their phrasing; suffix decoding's global tree; with scored, what puts SAM above
     # suffix at its loosest settings teacher-forced on SmolLM2)
@@ -86,10 +86,10 @@ class SAMOptions:
     payoff: bool = True  # keep a draft token only where its learned chance of acceptance pays for its learned
     # verification cost at the step's batch size (sam/payoff.py); False: every draft the match rules give
     payoff_margin: float = 0.1  # ... and send a step's drafts only if they are expected to raise its tokens/s by this
-    # share (break-even drafts lose to estimation error: results/real/README.md)
+    # share (break-even drafts lose to estimation error: results/FINDINGS.md, "No payoff margin")
     defer_idle: bool = True  # with the payoff rule, where nothing can pay, leave the drafter's work (taking the
     # step's tokens, shadow drafts) to one step in sam.payoff.CATCH_UP_EVERY: most steps of a big batch then cost the
-    # drafter next to nothing (results/real/README.md, "Deferred work"); False: it works every step
+    # drafter next to nothing; False: it works every step
     payoff_cost: list[float] | None = None  # the step cost [a, b, c, e, f] in seconds (sam/payoff.py) instead of
     # learning it from the engine's step times: drafting then depends on the tokens alone, so a seeded run samples
     # the same tokens on every run (None: learned, which follows the machine but not token for token)
@@ -187,7 +187,7 @@ class ResponseCorpus:
 
     def add(self, responses: list[np.ndarray]) -> None:
         """Store ``responses`` in one append (three per response cost more than the automaton's own work on a
-        rollout's responses: results/real/README.md, "SAM at a real vocabulary"); a counted corpus counts its
+        rollout's responses); a counted corpus counts its
         occurrences again (linear in all it holds)."""
         parts = []
         for response in responses:
@@ -361,8 +361,8 @@ class GroupStore:
         self.history_bytes -= group.history.nbytes
         if sum(stored_tokens(group.lead.size, r.size) for r in kept) <= opts.max_history_tokens:
             # within the bound the rollout's responses are appended: the same automaton a rebuild would make, at
-            # the cost of the new tokens instead of the whole history (rebuilt at every rollout, it cost up to 8% of
-            # a rollout's time once a few epochs were kept; results/sam/vs_suffix)
+            # the cost of the new tokens instead of the whole history (rebuilt at every rollout, it grew with every
+            # epoch kept: results/FINDINGS.md, "Rebuilding the history")
             group.history.add(rollout)
         else:
             kept = newest_within(kept, group.lead.size, opts.max_history_tokens)

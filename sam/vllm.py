@@ -168,9 +168,8 @@ class SAMProposer:
         """Drive a throwaway twin of this proposer (same options) through ``prompts`` x ``n`` requests (random
         prompts, a repeated phrase sampled) for two epochs of ``steps`` steps, on a runner that holds only what
         :meth:`propose` reads, and return the seconds it took. In a fresh process the first calls of the compiled
-        kernels load numba's disk cache and compile the typed-list access that Python code makes: 0.47 s of the
-        proposer's first epoch over SmolLM2's cached rollouts, 0.02 s after this (results/real/README.md, "Warm
-        kernels"). vLLM calls :meth:`load_model` at engine start, so that cost leaves the first rollout. The twin's
+        kernels load numba's disk cache and compile the typed-list access that Python code makes, which would land
+        on the first rollout's steps. vLLM calls :meth:`load_model` at engine start, so that cost leaves the first rollout. The twin's
         first epoch learns its step cost from a simulated clock (where nothing can pay yet: deferred and catch-up
         steps), its second drafts at a fixed cost that makes drafts pay (the payoff cut); this proposer's state is
         untouched."""
@@ -383,9 +382,8 @@ class SAMProposer:
     def _defers(self, idle: bool) -> bool:
         """Whether this step may leave the drafter's work to a later one (:meth:`propose`): where nothing can pay, or
         while the last payoff cut sent nothing. The bound cannot rule out drafts where a few requests are left (the
-        tail), nor, with ``scored``, anywhere (it takes the likeliest evidence level at every position): on SmolLM2
-        94-96% of the steps sent nothing, and scored drafting deferred none of them, the default none in the tail
-        (results/real/README.md). The step that works (one in :data:`sam.payoff.CATCH_UP_EVERY`) cuts the drafts it
+        tail), nor, with ``scored``, anywhere (it takes the likeliest evidence level at every position), so a
+        step that sent nothing is a better sign than the bound. The step that works (one in :data:`sam.payoff.CATCH_UP_EVERY`) cuts the drafts it
         finds, and the first that sends any ends it."""
         return (idle or self._quiet) and self._rows is not None and self.options.defer_idle
 
@@ -393,8 +391,8 @@ class SAMProposer:
         """Whether this step may store the corpus of every prompt's responses (``global_sharing``), which counts all it
         holds: on a step that prefilled prompts (which costs far more) or where drafts can pay by the step cost's
         bound, not on an exploring step that only could not rule them out (:meth:`_nothing_can_pay`). A rollout's
-        last steps, where nothing pays, stored it and ran 0.93x spec off on the real model at 64 requests
-        (results/real/README.md)."""
+        last steps, where nothing pays, stored it at a loss (results/FINDINGS.md, "Storing the global corpus on
+        every step")."""
         if self.drafter.global_corpus is None or prefilled or not self.options.payoff:
             return True
         if idle or not self.step_cost.known:
@@ -405,8 +403,7 @@ class SAMProposer:
         """Drafts for vLLM's rows. With the payoff rule, a step where nothing can pay does no drafter work but
         timing the step and tracking which requests start and finish: its tokens stay in vLLM's ``token_ids_cpu``
         until a later step takes them (one in :data:`sam.payoff.CATCH_UP_EVERY`, or one where something can pay),
-        which saves the drafter's cache misses after the forward on most steps of a big batch
-        (results/real/README.md, "Deferred work"). A step with a request that has not sampled yet works."""
+        which saves the drafter's cache misses after the forward on most steps of a big batch. A step with a request that has not sampled yet works."""
         if self.runner is None:
             raise RuntimeError(
                 "SAMProposer has no model runner to read request ids from: the sam.runner_hook:register vLLM plugin did "

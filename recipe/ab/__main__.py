@@ -9,7 +9,7 @@ one mode loses nothing of the others, and a rerun resumes a killed mode from its
 finished ones). Modes take turns in chunks of ``--chunk-steps`` training steps, each chunk resuming the mode's
 run from its checkpoint (a resumed run logs what an uninterrupted one would), so that slow and fast spells of a
 shared machine fall on every mode alike instead of on whichever mode ran during them. Runs go to
-``runs/ab/<name>/<mode>/``; tables (markdown + CSV) and PNG plots to ``results/ab/<name>/``:
+``runs/ab/<name>/<mode>/``; tables (markdown + CSV) and PNG plots to ``--out`` (``results/ab/<name>/``):
 - (a) slime's layout: rollout tokens/s, long-tail tokens/s, longest-sample tokens/s, training time per step;
 - (b) the Ascend SAM article's layout: average inference time per generation round, total rollout time per
   step, total time per step, and the gain over spec off;
@@ -27,9 +27,7 @@ own text, siblings, earlier epochs and every prompt's responses, each request's 
 chances), ``sam_own`` (own text only), ``sam_every`` (the default without the payoff rule: every draft the match
 rules give), ``sam_eager`` (the default with ``spec.sam.defer_idle=false``: its drafter works on every step where
 nothing can pay), ``sam_longest`` (``spec.sam.scored=false spec.sam.global_sharing=false``: the longest match, the
-default until 2026-11-28), ``mtp_frozen``, ``mtp_online``. The A/Bs committed before 2026-11-25 named the default
-``sam_group`` and own-text-only ``sam``; those of 2026-11-28 name scored drafting ``sam_scored`` and the longest
-match ``sam``.
+default before scored drafting), ``mtp_frozen``, ``mtp_online``.
 
 The report reads what each run logged (its ``metrics.jsonl`` and rollout timelines); it computes no metric the
 run already has.
@@ -43,14 +41,15 @@ from pathlib import Path
 
 from recipe.ab.render import report
 from recipe.ab.runner import MODES, REPO_ROOT, earlier_default, run_modes
+from recipe.paths import RESULTS_DIR
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--name", default="default", help="A/B name: runs/ab/<name>/, results/ab/<name>/")
+    parser.add_argument("--name", default="default", help="A/B name: its runs go to runs/ab/<name>/")
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {list(MODES)}")
     parser.add_argument("--runs-root", default=str(REPO_ROOT / "runs" / "ab"))
-    parser.add_argument("--out-root", default=str(REPO_ROOT / "results" / "ab"))
+    parser.add_argument("--out", help="where the tables and plots go (default: results/ab/<name>/)")
     parser.add_argument("--report-only", action="store_true", help="only rebuild tables and plots")
     parser.add_argument("--val-n", type=int, help="held-out problems (default: the runs' data.val_max_samples)")
     parser.add_argument(
@@ -73,14 +72,15 @@ def main(argv: list[str] | None = None) -> None:
     bad = [o for o in overrides if "=" not in o or o.startswith("-")]
     if bad:
         parser.error(f"not a Hydra override (key=value): {bad}")
-    runs_root, out_root = Path(args.runs_root), Path(args.out_root)
+    runs_root = Path(args.runs_root)
+    out = Path(args.out) if args.out else RESULTS_DIR / "ab" / args.name
     if args.earlier_default:
         overrides = [*earlier_default(), *overrides]
     if not args.report_only:
         run_modes(args.name, modes, overrides, runs_root, args.chunk_steps)
     given = argv if argv is not None else sys.argv[1:]
     command = "python -m recipe.ab " + " ".join(a for a in given if a != "--report-only")
-    report(args.name, runs_root, out_root, command, args.val_n)
+    report(args.name, runs_root, out, command, args.val_n)
 
 
 if __name__ == "__main__":

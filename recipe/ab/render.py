@@ -243,7 +243,7 @@ def timeline_plot(runs_dir: Path, path: Path) -> None:
 
 
 def swap_timelines_plot(timelines: dict[str, dict[str, list[dict]]], path: Path) -> None:
-    """Each policy's first pair of rollouts in a head swap (scripts/frozen_head_drift.py: its own head, the starting
+    """Each policy's first pair of rollouts in a head swap (recipe/bench/head_swap.py: its own head, the starting
     head): active requests and every engine step's duration over the rollout, the steps that prefilled a request
     marked. Where a swap's time goes: the same prefill for both heads, then the decode a head changes."""
     import matplotlib.pyplot as plt
@@ -286,7 +286,7 @@ def run_config(run_dir: Path):
     return OmegaConf.load(path)
 
 
-def report(name: str, runs_root: Path, out_root: Path, command: str, val_n: int | None) -> Path:
+def report(name: str, runs_root: Path, out: Path, command: str, val_n: int | None) -> Path:
     runs_dir = runs_root / name
     runs = {m: h for m in MODES if (h := read_history(runs_dir / m))}
     if not runs:
@@ -299,7 +299,6 @@ def report(name: str, runs_root: Path, out_root: Path, command: str, val_n: int 
                 "[ab] data.val_max_samples is -1 (all rows): give --val-n, the number of held-out problems"
             )
         val_n = int(cfg.data.val_max_samples)
-    out = out_root / name
     out.mkdir(parents=True, exist_ok=True)
     t = tables(runs, val_n)
     by_step = {m: load_timelines(runs_dir / m) for m in runs}

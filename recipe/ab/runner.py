@@ -15,8 +15,8 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from recipe.dapo.run_dir import read_history
+from recipe.paths import REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 EARLIER_DEFAULT = REPO_ROOT / "configs" / "ab" / "earlier_default.yaml"
 
 MODES: dict[str, list[str]] = {  # mode name -> the Hydra overrides that select it
@@ -28,7 +28,7 @@ MODES: dict[str, list[str]] = {  # mode name -> the Hydra overrides that select 
     "sam_own": ["spec=sam", "spec.sam.group_sharing=false", "spec.sam.cross_epoch=false"],  # own text only
     "sam_every": ["spec=sam", "spec.sam.payoff=false"],  # the default without the payoff rule: every draft it finds
     "sam_eager": ["spec=sam", "spec.sam.defer_idle=false"],  # the default working every step where nothing can pay
-    # the default before 2026-11-28's seventh session: the longest match, no corpus of every prompt's responses
+    # the longest match, no corpus of every prompt's responses (the default before scored drafting)
     "sam_longest": ["spec=sam", "spec.sam.scored=false", "spec.sam.global_sharing=false"],
     "mtp_frozen": ["spec=mtp", "spec.mtp.train=frozen"],
     "mtp_online": ["spec=mtp", "spec.mtp.train=online"],

@@ -16,11 +16,10 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from recipe.dapo.config import ConfigError, resolve_device, validate, verl_config
+from recipe.dapo.config import ConfigError, check_overrides, resolve_device, validate, verl_config
 from recipe.dapo.report import run_summary
 from recipe.engine import UnsupportedVLLMError, check_vllm_version
-
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+from recipe.paths import CONFIG_DIR
 
 
 def resolve_inputs(cfg: DictConfig) -> tuple[str, str, str]:
@@ -89,7 +88,7 @@ def require_mtp_layer(model: str) -> None:
     if Path(model, "config.json").is_file() and not has_mtp_layer(model):
         raise ConfigError(
             f"spec=mtp: {model} has no MTP layer (config.json num_nextn_predict_layers); graft one onto a Llama "
-            f"checkpoint with `python -m mtp.graft {model} OUT_DIR` (scripts/graft_mtp_real.py also trains it on the "
+            f"checkpoint with `python -m mtp.graft {model} OUT_DIR` (`python -m recipe.mtp_head` also trains it on the "
             "model's own samples), then set actor_rollout_ref.model.path=OUT_DIR"
         )
 
@@ -136,6 +135,21 @@ def input_errors() -> tuple[type[Exception], ...]:
     )
 
 
+def check_command_line(cfg: DictConfig) -> None:
+    """The command line's overrides checked against the defaults they override (config.check_overrides): a value of
+    the wrong type stops the run naming it; a ``+key`` nothing reads is named in a warning before any work."""
+    from hydra import compose
+    from hydra.core.hydra_config import HydraConfig
+
+    hydra_cfg = HydraConfig.get()
+    overrides = list(hydra_cfg.overrides.task)
+    groups = set(hydra_cfg.runtime.choices)
+    chosen = [o for o in overrides if o.lstrip("+~").split("=", 1)[0].split("@", 1)[0] in groups]
+    defaults = compose(config_name=hydra_cfg.job.config_name, overrides=chosen)
+    for line in check_overrides(cfg, overrides, defaults, groups):
+        print(line, file=sys.stderr, flush=True)
+
+
 @hydra.main(config_path=str(CONFIG_DIR), config_name="dapo", version_base=None)
 def main(cfg: DictConfig) -> None:
     # the console carries progress, one line per step, warnings and the run's summary; every metric is in the
@@ -148,6 +162,7 @@ def main(cfg: DictConfig) -> None:
     # veRL lists every optional training engine it could not import (torchtitan, megatron, ...) at each start
     warnings.filterwarnings("ignore", message=r".* engine is not available", category=UserWarning)
     try:
+        check_command_line(cfg)
         history = run(cfg)
     except input_errors() as err:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":

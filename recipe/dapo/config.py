@@ -21,8 +21,8 @@ from mtp import (
     MTP_VOCAB_TOPK_KEY,
 )
 from recipe.engine import K_BY_BATCH_KEY, SPEC_METHODS
+from recipe.paths import REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 RECIPE_GROUPS = ("backend", "spec", "recipe")  # top-level keys that are the recipe's, not veRL's
 REPO_RELATIVE_KEYS = (  # the recipe's own files, named relative to the repository
     "reward.custom_reward_function.path",
@@ -316,6 +316,50 @@ def validate(cfg: DictConfig) -> None:
     bad = [x for x in tr.logger if x not in loggers]
     _require(not bad, "trainer.logger", f"unknown backend(s) {bad}; known: {sorted(loggers)}")
     _require("file" in tr.logger, "trainer.logger", "must include file: the run's metrics.jsonl is built from it")
+
+
+SCALAR_TYPES = {bool: "a boolean (true or false)", int: "an integer", float: "a number"}
+
+
+def _fits(value: object, expected: type) -> bool:
+    if expected is bool:
+        return isinstance(value, bool)
+    if expected is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check_overrides(cfg: DictConfig, overrides: list[str], defaults: DictConfig, groups: set[str]) -> list[str]:
+    """The command line's overrides against ``defaults`` (the config composed from the same group choices, without the
+    value overrides). A value whose type differs from its key's default scalar (``trainer.total_training_steps=abc``)
+    raises :class:`ConfigError` naming key, value and type; a ``+key`` under no map that anything reads (a typo Hydra
+    accepts, since ``+`` adds keys) comes back as a warning line. ``groups`` are the config groups (``spec``,
+    ``experiment``): their overrides choose files, not values."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    missing = object()
+    warnings = []
+    for override in OverridesParser.create().parse_overrides(overrides):
+        key = override.key_or_group
+        if key in groups or key.startswith("hydra") or override.is_delete() or override.package is not None:
+            continue
+        if override.is_add():
+            parent, found = key, missing
+            while found is missing and "." in parent:
+                parent = parent.rpartition(".")[0]
+                found = OmegaConf.select(defaults, parent, default=missing)
+            if not (OmegaConf.is_dict(found) and len(found) == 0):  # an empty map is read whole (engine_kwargs.vllm)
+                warnings.append(
+                    f"warning: +{key}: no such key, and nothing reads it (a typo? without + a misspelled key "
+                    "is refused)"
+                )
+            continue
+        default = OmegaConf.select(defaults, key, default=None)
+        value = OmegaConf.select(cfg, key, default=None)
+        expected = type(default)
+        if expected in SCALAR_TYPES and value is not None and not _fits(value, expected):
+            raise ConfigError(f"{key}: expected {SCALAR_TYPES[expected]}, got {value!r}")
+    return warnings
 
 
 def spec_group(method: str, **overrides: object) -> DictConfig:

@@ -18,7 +18,7 @@ import threading
 import time
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from recipe.paths import REPO_ROOT
 
 JOB_ENV = "SPEC_ROLLOUT_JOB"  # marks every process of one job (Ray's daemons and workers inherit it)
 

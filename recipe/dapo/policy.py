@@ -196,7 +196,7 @@ def packed_trunk_states(batch, rows: PackedRows, dtype: torch.dtype) -> torch.Te
 def own_trunk_states(model: MiMoForCausalLM, batch, teacher_topk: int = 0, temperature: float = 1.0):
     """``batch`` with the policy's own trunk states as ``trunk_states``, the pre-norm hidden state at every position of
     each row but its last: what the rollout engine hands over (:class:`~recipe.dapo.rollout.TrunkStateLog`), for rows
-    that no engine generated (tests, scripts/bench_mtp_overhead.py); with ``teacher_topk``, its teacher as well
+    that no engine generated (tests, recipe/bench/mtp_overhead.py); with ``teacher_topk``, its teacher as well
     (``teacher_topk`` and ``token_logprobs`` at ``temperature``, as ``generate(teacher_topk=...)`` keeps them)."""
     rows = pack_rows(batch)
     with torch.no_grad():
@@ -246,8 +246,7 @@ def head_loss_rows(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The online MTP loss of :func:`forward_rows` (and its top-1 accuracy) on rows the policy does not train on, from
     the trunk states the rollout computed for them (:func:`packed_trunk_states`): the trunk does not run again, and a
-    prompt the rows share runs the MTP layer once (``share_prompts``; off, every row's: scripts/bench_head_step.py
-    measures what that saves). The teacher, the policy's distribution of the drafted token, comes with a shortlist
+    prompt the rows share runs the MTP layer once (``share_prompts``; off, every row runs it over its own prompt). The teacher, the policy's distribution of the drafted token, comes with a shortlist
     from the rollout where it kept one (:func:`packed_rollout_teacher`): its top-k ids give the shortlist and the
     sampled token's log-prob the normaliser (:func:`~mtp.loss.teacher_probs_from_logprob`), so the LM head runs over
     the shortlist alone; otherwise over the whole vocabulary where the loss reads it."""
@@ -310,7 +309,7 @@ def verl_lr_scheduler(
 class Actor:
     """The in-process policy and its AdamW: old log-probs, veRL's GRPO advantage and DAPO policy loss over
     ppo mini-batches, and the online MTP loss on the same forward (``spec=mtp``, ``spec.mtp.train=online``).
-    The trainer and scripts/bench_mtp_overhead.py both run this update."""
+    The trainer and recipe/bench/mtp_overhead.py both run this update."""
 
     def __init__(self, policy: MiMoForCausalLM, cfg: DictConfig):
         from verl.trainer.ppo.core_algos import get_policy_loss_fn

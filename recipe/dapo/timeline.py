@@ -94,7 +94,7 @@ class RolloutTimeline:
             "tail_drafts": float(a["drafts"][tail].sum()),
             "tail_accepted_tokens": float(a["accepted_tokens"][tail].sum()),
             # steps that prefilled no request: a drafter changes only these, while prefill is the same work in
-            # every mode and can take most of a CPU rollout of short responses (results/real/online_vs_frozen_1129)
+            # every mode and can take most of a CPU rollout of short responses (results/real/online_vs_frozen)
             "decode_time_s": float(a["duration_s"][decode].sum()),
             "decode_tokens": float(a["tokens"][decode].sum()),
             "engine_steps": float(len(self.steps)),
@@ -175,8 +175,8 @@ def speed_by_active_requests_vs_off(
 ) -> list[dict[str, float | str]]:
     """:func:`speed_by_active_requests` of each mode's rollouts, one row per mode and band, with the band's tokens/s
     per active request over spec off's (mode ``off``) in the same band (``request_tok_s_vs_off``; NaN without it).
-    Another ``reference`` mode takes spec off's place (a frozen head against an online one, scripts/
-    frozen_head_drift.py); the keys keep their names. ``decode_only``: as in :func:`speed_by_active_requests`."""
+    Another ``reference`` mode takes spec off's place (a frozen head against an online one,
+    ``python -m recipe.bench head-swap``); the keys keep their names. ``decode_only``: as in :func:`speed_by_active_requests`."""
     bands = {mode: speed_by_active_requests(tls, decode_only=decode_only) for mode, tls in timelines.items()}
     off = bands.get(reference)
     return [
@@ -256,7 +256,7 @@ def rollout_ratios(c: dict[str, float]) -> dict[str, float]:
         # the share of draft tokens that added a token to a response: an accepted draft of a response's last token (its
         # EOS) earns nothing, since the step emits that token anyway and the end cuts off the bonus token after it.
         # vLLM counts it as accepted; a head that learned where responses end gains acceptance there and no speed
-        # (results/real/online_vs_frozen_1129)
+        # (results/real/online_vs_frozen)
         "spec_draft_earned_rate": ratio(c["tokens"] - c["request_steps"], c["draft_tokens"], 0.0),
         # the drafter's share of the rollout time: on the embedded model a step is a few ms, so the proposer's own
         # work is what separates two SAM variants that accept alike (results/ab)

@@ -36,8 +36,6 @@ from recipe.dapo.server_timeline import TIMELINE_DIR_ENV, rollout_metrics_by_ste
 from recipe.dapo.step_marks import STEP_MARKS_ENV, marks_env
 from recipe.verl_cpu import PLATFORM_ENV, PLATFORM_NAME
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-
 
 class BackendUnavailableError(RuntimeError):
     """veRL's trainer cannot start here; the message names what is missing."""

@@ -4,7 +4,7 @@ A problem is a short story with one or two operations on small whole numbers (``
 more. How many apples does she have now?``). SmolLM2-135M-Instruct solves some of them and misses many (its greedy
 answer to 17 + 25 is 32), so DAPO has somewhere to go. The prompt is DAPO-Math-17k's own instruction (end with
 ``Answer: <number>``); the model mostly ends with "The answer is 20." instead, so the reward scores the last number
-of the response for this data source (``recipe.dapo.batch.compute_score``).
+of the response for this data source (``recipe.dapo.reward.compute_score``).
 
 Train and held-out splits come from different seeds with every held-out problem text removed from train, so
 held-out accuracy measures what transfers. ``python -m recipe.data.word_problems <out_dir>`` writes both.
@@ -19,8 +19,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from recipe.paths import ARTIFACTS_DIR
+
 DATA_SOURCE = "word_problems"
-DEFAULT_DIR = Path(__file__).resolve().parents[2] / "artifacts" / "word_problems"  # where the default splits live
+DEFAULT_DIR = ARTIFACTS_DIR / "word_problems"  # where the default splits live
 ABILITY = "math"
 # DAPO-Math-17k's prompt, word for word around the problem
 PROMPT = (

@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
 
+from recipe.paths import CONFIG_DIR
 from recipe.sft.train import ensure_base_model
 
-CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "configs")
 
-
-@hydra.main(config_path=CONFIG_DIR, config_name="sft", version_base=None)
+@hydra.main(config_path=str(CONFIG_DIR), config_name="sft", version_base=None)
 def main(cfg: DictConfig) -> None:
     logging.basicConfig(level=logging.INFO)
     ckpt = ensure_base_model(cfg)

@@ -27,6 +27,7 @@ from mtp.model import MiMoConfig, MiMoForCausalLM
 from recipe.data.loader import load_problems
 from recipe.data.task import TaskConfig, write_splits
 from recipe.data.tokenizer import train_tokenizer
+from recipe.paths import REPO_ROOT, project_path
 
 logger = logging.getLogger(__name__)
 
@@ -97,11 +98,11 @@ def sft_loss(
     return loss, stats
 
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SOURCES = (  # the code that generates the task and tokenizer and trains the base model
     "recipe/data/task.py",
     "recipe/data/tokenizer.py",
     "recipe/data/loader.py",
+    "recipe/paths.py",
     "recipe/sft/train.py",
     "mtp/model.py",
     "mtp/loss.py",
@@ -219,7 +220,7 @@ def plot_loss_curve(history: list[dict], path: Path) -> None:
 
 def base_model_path(cfg: DictConfig) -> Path:
     """Where :func:`ensure_base_model` keeps the checkpoint for ``cfg`` (built or not)."""
-    return Path(cfg.cache_dir) / config_hash(cfg) / "checkpoint"
+    return project_path(cfg.cache_dir) / config_hash(cfg) / "checkpoint"
 
 
 def ensure_base_model(cfg: DictConfig, progress: bool = True) -> Path:

@@ -21,7 +21,7 @@ def test_two_mode_ab_runs_and_writes_tables_and_plots(harness_model, tmp_path):
     data = harness_model.parent / "data"
     args = [
         sys.executable, "-m", "recipe.ab", "--name", "t", "--modes", "off,sam", "--chunk-steps", "1",
-        "--runs-root", str(tmp_path / "runs"), "--out-root", str(tmp_path / "results"), "--val-n", "8",
+        "--runs-root", str(tmp_path / "runs"), "--out", str(tmp_path / "results" / "t"), "--val-n", "8",
         f"actor_rollout_ref.model.path={harness_model}", f"data.train_files={data / 'train.parquet'}",
         f"data.val_files={data / 'test.parquet'}", "trainer.total_training_steps=2",
         "data.train_batch_size=2", "data.gen_batch_size=3", "actor_rollout_ref.actor.ppo_mini_batch_size=2",

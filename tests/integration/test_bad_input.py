@@ -43,3 +43,45 @@ def test_bad_input_is_one_line_naming_it_and_exit_code_2(override, named, tmp_pa
 def test_hydra_full_error_shows_the_traceback(tmp_path):
     run = entry("actor_rollout_ref.rollout.n=0", f"trainer.default_local_dir={tmp_path}", HYDRA_FULL_ERROR="1")
     assert run.returncode == 1 and "Traceback" in run.stderr and "ConfigError" in run.stderr
+
+
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ("trainer.total_training_steps=abc", "error: trainer.total_training_steps: expected an integer, got 'abc'"),
+        (
+            "actor_rollout_ref.rollout.temperature=abc",
+            "error: actor_rollout_ref.rollout.temperature: expected a number",
+        ),
+        ("trainer.val_before_train=1", "error: trainer.val_before_train: expected a boolean (true or false), got 1"),
+    ],
+)
+def test_a_value_of_the_wrong_type_is_one_line_naming_key_value_and_type(override, named, tmp_path):
+    run = entry(override, f"trainer.default_local_dir={tmp_path / 'run'}")
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert run.stderr.strip().splitlines() == [named] or run.stderr.strip().splitlines()[-1].startswith(named)
+    assert "Traceback" not in run.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_plus_key_nothing_reads_is_named_before_the_run_and_an_open_map_is_not(tmp_path):
+    """``+`` adds keys, so Hydra takes a misspelled one silently: it is named in a warning before any work (the dry run
+    stands for the work); a key under a map that veRL passes on whole (vLLM's engine kwargs) is not."""
+    run = entry(
+        "+trainer.totl_training_steps=3",
+        "+actor_rollout_ref.rollout.engine_kwargs.vllm.max_num_batched_tokens=64",
+        "backend=verl", "recipe.dry_run=true", f"trainer.default_local_dir={tmp_path / 'run'}",
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    warnings = [line for line in run.stderr.splitlines() if line.startswith("warning: +")]
+    assert warnings == [
+        "warning: +trainer.totl_training_steps: no such key, and nothing reads it (a typo? without + a misspelled key "
+        "is refused)"
+    ]
+    assert "max_num_batched_tokens: 64" in run.stdout  # the open map's key reached veRL's config
+
+
+def test_an_unknown_spec_method_lists_the_methods():
+    run = entry("spec=nope")
+    assert run.returncode != 0
+    assert "Could not find 'spec/nope'" in run.stderr and all(m in run.stderr for m in ("off", "sam", "mtp", "ngram"))

@@ -89,3 +89,24 @@ def test_the_cache_key_covers_the_code_that_builds_the_model(tmp_path):
         (tmp_path / name).write_bytes(original + b"\n")
         assert code_fingerprint(tmp_path) != code_fingerprint(), name
         (tmp_path / name).write_bytes(original)
+
+
+def test_a_relative_cache_dir_is_the_checkouts_from_any_working_directory(tmp_path):
+    """``python -m recipe.sft`` run from another directory, with the cache named relative (as configs/sft.yaml names
+    its default), finds the base model already built under the checkout instead of building a second one there."""
+    import subprocess
+    import sys
+
+    from conftest import REPO_ROOT, TEST_CACHE
+
+    built = ensure_base_model(sft_config(**TINY), progress=False)  # under the absolute TEST_CACHE
+    relative = TEST_CACHE.relative_to(REPO_ROOT)
+    overrides = [f"{key}={value}" for key, value in TINY.items()]
+    run = subprocess.run(
+        [sys.executable, "-m", "recipe.sft", f"cache_dir={relative}", *overrides],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert f"base model: {built}" in run.stdout
+    assert "reusing base model" in run.stderr + run.stdout
+    assert not any(tmp_path.iterdir())  # nothing built or written where the command ran

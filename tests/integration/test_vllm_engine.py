@@ -103,12 +103,12 @@ def test_engine_drafter_receives_the_trained_mtp_head(fp32_engine, harness_model
 
 
 def test_heads_swapped_in_one_engine_sample_as_fresh_engines_of_each_head_checkpoint(harness_model, tmp_path):
-    """scripts/frozen_head_drift.py times two heads on one trunk in one engine, pushing each head's weights in place
+    """recipe/bench/head_swap.py times two heads on one trunk in one engine, pushing each head's weights in place
     and reseeding before each rollout. Each head's rollout there must sample and accept exactly what a fresh engine
     serving that head's checkpoint does from the same seed, and the two heads must draft differently."""
     from mtp.checkpoint import load_tokenizer, save_checkpoint
-    from mtp.head_training import head_figures, swapped_head_rollouts
     from recipe.dapo.rollout import RolloutEngine
+    from recipe.head_training import head_figures, swapped_head_rollouts
 
     policy = load_checkpoint(harness_model)
     own = {name: t.clone() for name, t in policy.state_dict().items()}

@@ -1,19 +1,13 @@
-"""scripts/bench_rollout.py's mode names: a ``#tag`` runs a second engine of the same mode (the A/A control)."""
+"""recipe/bench/rollout.py's mode names: a ``#tag`` runs a second engine of the same mode (the A/A control)."""
 
-import importlib.util
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
 from scipy import stats
 
-_spec = importlib.util.spec_from_file_location(
-    "bench_rollout", Path(__file__).resolve().parents[2] / "scripts" / "bench_rollout.py"
-)
-bench_rollout = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench_rollout)
+from recipe.bench import rollout as bench_rollout
 
 
 def test_a_tagged_mode_parses_as_the_mode_it_tags() -> None:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import copy
-import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
@@ -12,14 +10,10 @@ import torch.nn.functional as F
 from test_mtp import tiny_model
 
 from mtp.checkpoint import load_checkpoint, save_checkpoint, with_start_head
+from recipe.bench import head_swap as frozen_head_drift
 from recipe.dapo.drift import CHUNK_TOKENS, DriftProbe, load_or_sample_probe
 
 TEMPERATURE = 0.7
-_spec = importlib.util.spec_from_file_location(
-    "frozen_head_drift", Path(__file__).resolve().parents[2] / "scripts" / "frozen_head_drift.py"
-)
-frozen_head_drift = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(frozen_head_drift)
 
 
 def probe_sequences(seed: int = 3) -> list[dict]:
@@ -108,7 +102,7 @@ def test_the_probe_is_sampled_once_and_read_back_by_a_resumed_run(tmp_path):
 
 
 def test_the_start_head_swapped_onto_a_policy_checkpoint_drafts_as_the_probe_scores_the_start_head(tmp_path):
-    """scripts/frozen_head_drift.py serves what a frozen-head run would at a policy: the policy's trunk, the start's
+    """recipe/bench/head_swap.py serves what a frozen-head run would at a policy: the policy's trunk, the start's
     head. The probe of the swapped checkpoint must see the policy's KL, and its own head must score as the start head
     did on the policy."""
     from recipe.data.task import generate_rows

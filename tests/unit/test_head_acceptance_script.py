@@ -1,17 +1,12 @@
-"""scripts/mtp_head_acceptance.py: a head that is not an MTP checkpoint is named at start, before any engine starts."""
+"""recipe/bench/head_acceptance.py: a head that is not an MTP checkpoint is named at start, before any engine starts."""
 
 import argparse
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
-_spec = importlib.util.spec_from_file_location(
-    "mtp_head_acceptance", Path(__file__).resolve().parents[2] / "scripts" / "mtp_head_acceptance.py"
-)
-mtp_head_acceptance = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(mtp_head_acceptance)
+from recipe.bench import head_acceptance as mtp_head_acceptance
 
 
 def test_head_argument_needs_a_checkpoint_with_an_mtp_layer(tmp_path: Path) -> None:

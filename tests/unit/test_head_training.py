@@ -1,4 +1,4 @@
-"""Training a head on the model's own samples with the trunk frozen (mtp/head_training.py): only the MTP layers change,
+"""Training a head on the model's own samples with the trunk frozen (recipe/head_training.py): only the MTP layers change,
 and distillation (or the acceptance objective) moves the head's draft towards the target's own distribution of token
 t+2."""
 
@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from mtp.checkpoint import load_checkpoint, save_checkpoint
-from mtp.head_training import (
+from mtp.loss import draft_vocabulary, expected_acceptance, objective_loss
+from mtp.model import MiMoConfig, MiMoForCausalLM
+from recipe.head_training import (
     cache_trunk,
     draft_and_target,
     held_out_acceptance,
@@ -18,8 +20,6 @@ from mtp.head_training import (
     save_samples,
     train_head,
 )
-from mtp.loss import draft_vocabulary, expected_acceptance, objective_loss
-from mtp.model import MiMoConfig, MiMoForCausalLM
 from recipe.sft.train import TokenizedExample
 
 
@@ -99,7 +99,7 @@ def test_held_out_acceptance_pools_positions_and_leaves_each_responses_last_targ
 
 
 def test_pack_loss_is_the_online_loss_on_cached_states_over_the_vocabulary_or_its_shortlist(checkpoint):
-    """The replayed online step's loss (scripts/online_head_replay.py): over every token, the acceptance of the head's
+    """The online step's loss: over every token, the acceptance of the head's
     draft against the target's distribution from the cached states; over the top-2 shortlist, that of a head whose
     logits outside it are -inf (so a wrong column order or target remap fails)."""
     model = load_checkpoint(checkpoint)

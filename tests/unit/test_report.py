@@ -1,18 +1,16 @@
-"""scripts/summarize_run.py's test of a held-out rise, on validation dumps in veRL's format."""
+"""recipe/summarize.py's test of a held-out rise, on validation dumps in veRL's format."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from recipe import summarize as summarize_run
+
 REPO = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("summarize_run", REPO / "scripts" / "summarize_run.py")
-summarize_run = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(summarize_run)
 
 
 def write_dump(folder: Path, step: int, accs: np.ndarray) -> None:

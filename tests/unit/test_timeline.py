@@ -103,7 +103,7 @@ def test_speed_by_active_requests_vs_off_divides_band_by_band():
 
 
 def test_another_reference_takes_spec_offs_place_band_by_band_and_in_the_equal_work_ratio():
-    """scripts/frozen_head_drift.py times an online head against a frozen one: the frozen head's rollouts in the
+    """recipe/bench/head_swap.py times an online head against a frozen one: the frozen head's rollouts in the
     reference slot must give what they give under the name ``off``."""
     from recipe.dapo.timeline import equal_work_vs_off
 

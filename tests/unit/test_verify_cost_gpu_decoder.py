@@ -1,18 +1,16 @@
-"""scripts/bench_verify_cost_gpu.py times a hand-written decode step; it must be SmolLM2's step (transformers' Llama)."""
+"""recipe/bench/verify_cost_gpu.py times a hand-written decode step; it must be SmolLM2's step (transformers' Llama)."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from recipe.bench import verify_cost_gpu as bench
+
 REPO = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("bench_verify_cost_gpu", REPO / "scripts" / "bench_verify_cost_gpu.py")
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
 
 SMALL = dict(bench.SMOLLM2_135M, vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=3)
 SMALL.update(num_attention_heads=4, num_key_value_heads=2, head_dim=32)

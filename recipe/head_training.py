@@ -1,0 +1,362 @@
+"""Train an MTP head on the model's own samples with the trunk frozen, and measure its acceptance in vLLM.
+
+The head drafts what the policy will sample, so it learns from the policy's own rollouts (T=1, the prompts RL
+trains on), not from reference text. The trunk is frozen: its hidden states are computed once per packed batch (in
+the engine's dtype, as vLLM computes the states the head reads when it drafts) and cached, and only the MTP layers
+train: by distilling the target's own distribution of the token they draft, or with the CE on the sampled token that
+online MTP uses during RL (:mod:`mtp.loss`).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import pickle
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from mtp import MTP_OBJECTIVES
+from mtp.checkpoint import load_checkpoint, load_tokenizer, save_checkpoint
+from mtp.loss import draft_vocabulary, expected_acceptance, mtp_loss, mtp_targets, objective_loss
+from mtp.model import packed_positions, rope_cos_sin, run_mtp_layers
+from recipe.dapo.timeline import RolloutTimeline
+from recipe.sft.train import TokenizedExample, pack_batches
+
+WARMUP_PROMPTS = 4  # prompts a fresh engine samples, unmeasured, before a rollout whose tokens/s is reported
+
+
+def rollout_at_t1(
+    ckpt: str | Path,
+    spec: dict | None,
+    prompts: list[list[int]],
+    n: int,
+    max_tokens: int,
+    seed: int,
+    progress: bool,
+    dtype: str = "bfloat16",
+    warmup: Sequence[list[int]] = (),
+):
+    """One rollout of ``n`` samples per prompt at T=1 in a fresh in-process vLLM engine with ``spec`` in ``dtype``,
+    closed after. ``warmup`` prompts are sampled first (one 32-token sample each, not measured): a fresh engine's
+    first steps cost several times a warm one's, which would otherwise land on the measured rollout's tokens/s."""
+    from recipe.dapo.rollout import RolloutEngine
+    from recipe.engine import EngineOptions
+
+    engine = RolloutEngine(
+        str(ckpt), spec, EngineOptions(max_model_len=1024, seed=seed, dtype=dtype), None, free_cache_engine=False
+    )
+    try:
+        if warmup:
+            engine.generate(list(warmup), 1, {"temperature": 1.0, "top_p": 1.0, "max_tokens": 32}, False)
+        return engine.generate(prompts, n, {"temperature": 1.0, "top_p": 1.0, "max_tokens": max_tokens}, progress)
+    finally:
+        engine.close()
+
+
+def own_samples(
+    ckpt: str | Path,
+    prompts: list[list[int]],
+    n: int,
+    max_tokens: int,
+    seed: int,
+    dtype: str = "bfloat16",
+    progress: bool = True,
+) -> tuple[list[TokenizedExample], dict]:
+    """``n`` responses per prompt sampled by the checkpoint itself in vLLM at T=1 (spec off) in ``dtype``, and the
+    rollout's summary (tokens, time)."""
+    result = rollout_at_t1(ckpt, None, prompts, n, max_tokens, seed, progress, dtype)
+    samples = []
+    for r in result.responses:
+        ids = np.asarray(list(r.prompt_ids) + list(r.token_ids), dtype=np.int64)
+        mask = np.zeros(len(ids), dtype=np.int64)
+        mask[len(r.prompt_ids) :] = 1
+        samples.append(TokenizedExample(ids, mask))
+    return samples, result.timeline.summary(8)
+
+
+def save_samples(path: Path, samples: Sequence[TokenizedExample], summary: dict) -> None:
+    """Write a sample set (the responses and how they were made): sampling is the slow part of training a head, so
+    recipe/mtp_head.py keeps it beside the checkpoints, and the benches and the replay train on it."""
+    arrays = [(s.ids, s.response_mask) for s in samples]
+    path.write_bytes(pickle.dumps((arrays, summary)))
+
+
+def load_samples(path: str | Path) -> tuple[list[TokenizedExample], dict]:
+    """A sample set written by :func:`save_samples`, and its summary."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such sample set (recipe/mtp_head.py writes them)")
+    arrays, summary = pickle.loads(path.read_bytes())
+    return [TokenizedExample(ids, mask) for ids, mask in arrays], summary
+
+
+@dataclass
+class CachedPack:
+    cu: torch.Tensor  # sequence boundaries
+    positions: torch.Tensor  # per-sequence positions
+    hidden: torch.Tensor  # [T, H] frozen trunk's pre-norm hidden states (engine dtype)
+    embeds: torch.Tensor  # [T, H] token embeddings
+    train_at: torch.Tensor  # stream positions whose MTP target is a response token
+    targets: torch.Tensor  # the MTP target at each of those
+
+
+def cache_trunk(model, packs: list[list[TokenizedExample]], progress: bool = True) -> list[CachedPack]:
+    """The frozen trunk's hidden states of every pack, once."""
+    out = []
+    cfg = model.config
+    for group in tqdm(packs, desc="trunk states", disable=not progress, dynamic_ncols=True):
+        ids = torch.from_numpy(np.concatenate([s.ids for s in group]))
+        mask = torch.from_numpy(np.concatenate([s.response_mask for s in group]))
+        cu = torch.zeros(len(group) + 1, dtype=torch.long)
+        cu[1:] = torch.cumsum(torch.tensor([len(s.ids) for s in group]), 0)
+        positions = packed_positions(cu, ids.shape[0])
+        cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta)
+        with torch.no_grad():
+            embeds, hidden = model.trunk(ids, cos, sin, (cu[1:] - cu[:-1]).tolist())
+        targets, tmask = mtp_targets(ids, mask, cu, depth=0)
+        train_at = torch.nonzero(tmask).flatten()
+        out.append(CachedPack(cu, positions, hidden, embeds, train_at, targets[train_at]))
+    return out
+
+
+def acceptance_ceiling(model, cached: list[CachedPack]) -> float:
+    """The mean of the target's own top-1 probability for token t+2 at the positions a head trains on: what a head that
+    drafts the target's argmax (vLLM's MTP drafting) would have accepted at T=1 if it knew the target's distribution
+    exactly. No one-token drafter of the argmax can beat it."""
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for c in cached:
+            rows = c.hidden[c.train_at + 1]  # the target's distribution of token t+2 is its output at t+1
+            probs = torch.softmax(model.lm_head(model.model.norm(rows)).float(), dim=-1)
+            total += float(probs.max(dim=-1).values.sum())
+            count += int(rows.shape[0])
+    return total / max(count, 1)
+
+
+def draft_logits(model, layers: torch.nn.ModuleList, head: torch.Tensor, c: CachedPack) -> torch.Tensor:
+    """The MTP ``layers``' logits at the pack's trained positions through the LM head weight ``head`` (its rows for a
+    shortlist of the vocabulary, or all of them)."""
+    cfg = model.config
+    rope = rope_cos_sin(c.positions, cfg.head_dim, cfg.rope_theta)
+    return run_mtp_layers(
+        layers, c.hidden.float(), c.embeds.float(), head, c.cu, c.positions, rope, mtp_positions=c.train_at
+    )[0]
+
+
+@torch.no_grad()
+def target_logits(model, c: CachedPack) -> torch.Tensor:
+    """The frozen target's logits of the token the head drafts at each trained position: its output one position
+    later, from the cached states."""
+    return model.lm_head(model.model.norm(c.hidden[c.train_at + 1])).float()
+
+
+def draft_and_target(
+    model, layers: torch.nn.ModuleList, head: torch.Tensor, c: CachedPack
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The MTP ``layers``' logits at the pack's trained positions (LM head weight ``head``) and the frozen target's own
+    distribution of the token they draft there."""
+    return draft_logits(model, layers, head, c), torch.softmax(target_logits(model, c), dim=-1)
+
+
+def pack_loss(
+    model, layers: torch.nn.ModuleList, head: torch.Tensor, c: CachedPack, objective: str, vocab_topk: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The online MTP loss of ``objective`` (:func:`mtp.loss.mtp_loss`) and top-1 accuracy at the pack's trained
+    positions, over the whole vocabulary or, with ``vocab_topk``, :func:`mtp.loss.draft_vocabulary`'s shortlist (as
+    ``spec.mtp.loss_vocab_topk`` trains the head during RL)."""
+    policy_next = target_logits(model, c)
+    vocab = draft_vocabulary(policy_next, c.targets, vocab_topk) if vocab_topk else None
+    logits = draft_logits(model, layers, head if vocab is None else head[vocab], c)
+    return mtp_loss(objective, logits, c.targets, policy_next, vocab)
+
+
+def held_out_acceptance(
+    model, heads: dict[str, torch.nn.ModuleList], samples: list[TokenizedExample], tokens_per_pack: int = 4096
+) -> dict[str, dict[str, float]]:
+    """Each head's expected acceptance of one probabilistic draft on ``model``'s trunk, over ``samples`` (responses the
+    model sampled itself): ``sum(min(p, q))`` against the model's own distribution of the drafted token, averaged over
+    every drafted position (``accepted``, what vLLM counts) and over those whose target is not a response's last token
+    (``earned``: a step emits that token whether its draft is accepted or not, and the end cuts off the bonus token).
+    No sampling noise: every head is scored on the same text, so two heads' ratio is exact for that text."""
+    cached = cache_trunk(model, pack_batches(samples, tokens_per_pack, np.random.default_rng(0)), progress=False)
+    head = model.lm_head.weight.detach().float()
+    sums = {name: {"accepted": 0.0, "earned": 0.0} for name in heads}
+    positions = {"accepted": 0, "earned": 0}
+    with torch.no_grad():
+        for c in cached:
+            # the position whose target (t+2) is a sequence's last token
+            earns = ~torch.isin(c.train_at, c.cu[1:] - 3)
+            positions["accepted"] += int(c.train_at.numel())
+            positions["earned"] += int(earns.sum())
+            for name, layers in heads.items():
+                accept = expected_acceptance(*draft_and_target(model, layers, head, c))
+                sums[name]["accepted"] += float(accept.sum())
+                sums[name]["earned"] += float(accept[earns].sum())
+    return {name: {k: v / max(positions[k], 1) for k, v in s.items()} for name, s in sums.items()}
+
+
+def train_head(
+    ckpt: str | Path,
+    samples: list[TokenizedExample],
+    out_dir: str | Path,
+    epochs: int = 2,
+    tokens_per_pack: int = 4096,
+    lr: float = 1e-3,
+    seed: int = 0,
+    dtype: torch.dtype = torch.bfloat16,
+    objective: str = "distill",
+    progress: bool = True,
+) -> tuple[Path, list[dict], float]:
+    """Train the MTP layers of ``ckpt`` on ``samples`` (trunk, embeddings and LM head frozen) and write the checkpoint
+    to ``out_dir``; returns it, the per-step history (loss, top-1 accuracy against the sampled token, the expected
+    acceptance of a probabilistic draft ``sum(min(p, q))``, seconds) and the data's :func:`acceptance_ceiling`.
+
+    ``objective``: ``distill`` matches the target's whole distribution of token t+2 (its own output at t+1, from the
+    cached states): what a probabilistic draft (vLLM's ``draft_sample_method=probabilistic``) is accepted by, and far
+    more signal per token than the sampled token; ``acceptance`` maximises that acceptance itself, ``sum(min(p, q))``
+    (one minus the total variation distance; forward KL spreads q over tokens p rarely samples), a fine-tune for a
+    head ``distill`` trained; ``sampled``: CE on the sampled token, the loss online MTP uses in RL."""
+    if objective not in MTP_OBJECTIVES:
+        raise ValueError(f"objective={objective!r}: {' | '.join(MTP_OBJECTIVES)}")
+    torch.manual_seed(seed)
+    model = load_checkpoint(ckpt, dtype)
+    model.requires_grad_(False)
+    layers = copy.deepcopy(model.model.mtp_layers).float().requires_grad_(True)
+    head = model.lm_head.weight.detach().float()
+    rng = np.random.default_rng(seed)
+    cached = cache_trunk(model, pack_batches(samples, tokens_per_pack, rng), progress)
+    ceiling = acceptance_ceiling(model, cached)
+    total = epochs * len(cached)
+    opt = torch.optim.AdamW(layers.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=total, pct_start=0.05)
+    history = []
+    start = time.time()
+    bar = tqdm(total=total, desc="mtp head", disable=not progress, dynamic_ncols=True)
+    for epoch in range(epochs):
+        for i in rng.permutation(len(cached)):
+            c = cached[i]
+            logits, teacher = draft_and_target(model, layers, head, c)
+            loss, acc = objective_loss(objective, logits, c.targets, teacher)
+            # a probabilistic draft's acceptance at T=1 per position, logged for every objective
+            accept = expected_acceptance(logits.detach(), teacher).mean()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(layers.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            history.append(
+                {"step": len(history), "epoch": epoch, "loss": loss.item(), "acc": acc.item(),
+                 "expected_acceptance": accept.item(), "s": time.time() - start}
+            )  # fmt: skip
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss.item():.3f}", acc=f"{acc.item():.3f}")
+    bar.close()
+    # the trunk is written back exactly as stored: the original weights, at the checkpoint's own precision
+    hf = json.loads((Path(ckpt) / "config.json").read_text())
+    stored = getattr(torch, str(hf.get("torch_dtype", "bfloat16")))
+    result = load_checkpoint(ckpt, torch.float32)
+    result.model.mtp_layers.load_state_dict(layers.state_dict())
+    extra = {k: v for k, v in hf.items() if k.startswith("spec_rollout_")}
+    out = save_checkpoint(result, load_tokenizer(ckpt), out_dir, extra_config=extra, dtype=stored)
+    return out, history, ceiling
+
+
+def held_out_prompts(checkpoint: str | Path, count: int) -> list[list[int]]:
+    """The first ``count`` word problems of the test split, chat-templated with the checkpoint's tokenizer: prompts
+    that neither a head nor a policy trained on."""
+    from recipe.dapo.data import load_prompts
+    from recipe.data.word_problems import write_splits
+
+    _, test_file = write_splits()
+    return load_prompts(str(test_file), load_tokenizer(checkpoint), 512, count)[1]
+
+
+def mtp_rollout(
+    ckpt: str | Path,
+    prompts: list[list[int]],
+    n: int,
+    max_tokens: int,
+    seed: int,
+    progress: bool = True,
+    draft_sample_method: str = "greedy",
+    dtype: str = "bfloat16",
+    warmup: Sequence[list[int]] = (),
+    num_speculative_tokens: int = 1,
+) -> tuple[dict, RolloutTimeline]:
+    """The checkpoint's MTP head drafting in vLLM (method ``mtp``) at T=1 in a fresh engine: the share of its drafts
+    accepted, tokens per request-step, tokens per response and the rollout's tokens/s; and the rollout's timeline."""
+    from recipe.engine import speculative_config
+
+    spec = speculative_config("mtp", num_speculative_tokens, draft_sample_method=draft_sample_method)
+    timeline = rollout_at_t1(ckpt, spec, prompts, n, max_tokens, seed, progress, dtype, warmup).timeline
+    return head_figures(timeline, len(prompts) * n), timeline
+
+
+def head_figures(timeline: RolloutTimeline, responses: int) -> dict:
+    """What a head's rollout is read by: drafts accepted and those that earned a token, tokens per request-step and per
+    response, tokens/s and the share of its time that prefilled prompts."""
+    s = timeline.summary(8)
+    return {
+        "acceptance": s["accepted_tokens"] / max(s["draft_tokens"], 1.0),
+        "earned": s["spec_draft_earned_rate"],
+        "tokens_per_request_step": s["tokens_per_request_step"],
+        "tokens": s["tokens"],
+        "tokens_per_response": s["tokens"] / max(responses, 1),
+        "prefill_time_share": s["prefill_time_share"],
+        "rollout_tok_s": s["throughput_tok_s"],
+    }
+
+
+def swapped_head_rollouts(
+    ckpt: str | Path,
+    heads: dict[str, dict[str, torch.Tensor]],
+    prompts: list[list[int]],
+    n: int,
+    max_tokens: int,
+    seeds: Sequence[int],
+    draft_sample_method: str = "probabilistic",
+    dtype: str = "float32",
+    warmup: Sequence[list[int]] = (),
+    num_speculative_tokens: int = 1,
+) -> dict[str, list[tuple[dict, RolloutTimeline]]]:
+    """Several heads on one trunk, served in turn by one warm vLLM engine (method ``mtp``, T=1): for each seed, every
+    head's weights (a full state dict, trunk included) are pushed into the engine in place, the sampler is reseeded,
+    and one rollout is timed; the order of the heads alternates with the seed.
+
+    One engine takes the difference between engine instances out of a head-vs-head ratio (:func:`mtp_rollout` starts
+    one per rollout), and the reseed starts both heads' rollouts of a seed from the same random state: one head on both
+    sides samples the same tokens. It cannot take out the load of a shared machine over time: an A/A pair's tokens/s
+    still moved 0.94-1.09 on the 2-core CPU (results/real/online_vs_frozen)."""
+    from recipe.dapo.rollout import RolloutEngine
+    from recipe.engine import EngineOptions, speculative_config
+
+    spec = speculative_config("mtp", num_speculative_tokens, draft_sample_method=draft_sample_method)
+    engine = RolloutEngine(
+        str(ckpt), spec, EngineOptions(max_model_len=1024, seed=seeds[0], dtype=dtype), None, free_cache_engine=False
+    )
+    sampling = {"temperature": 1.0, "top_p": 1.0, "max_tokens": max_tokens}
+    out: dict[str, list[tuple[dict, RolloutTimeline]]] = {name: [] for name in heads}
+    try:
+        if warmup:
+            engine.generate(list(warmup), 1, {**sampling, "max_tokens": 32}, False)
+        for i, seed in enumerate(seeds):
+            names = list(heads) if i % 2 == 0 else list(heads)[::-1]
+            for name in names:
+                engine.sync_weights(heads[name])
+                engine.reseed(seed)
+                timeline = engine.generate(prompts, n, sampling).timeline
+                out[name].append((head_figures(timeline, len(prompts) * n), timeline))
+    finally:
+        engine.close()
+    return out
+
+
+def mtp_acceptance(*args, **kwargs) -> dict:
+    """:func:`mtp_rollout`'s figures without the timeline (what the head reports keep)."""
+    return mtp_rollout(*args, **kwargs)[0]
