@@ -2,8 +2,7 @@
 
 Times one DAPO policy update with the MTP head frozen and trained online, alternating on the same batch of task
 traces (8 prompts x 8 responses), at several trunk depths of the embedded model's width: the MTP layer's share of
-the work is about one decoder layer over the trunk's layers, which is why slime sees ~3.5% on deep models
-(MiMo-7B: 36 layers). Two backends, each as its trainer runs the update:
+the work is about one decoder layer over the trunk's layers, small on deep models (MiMo-7B: 36 layers). Two backends, each as its trainer runs the update:
 
 - ``local``: ``recipe.dapo.policy.Actor.update`` (old log-probs, GRPO advantage, DAPO loss over ppo
   mini-batches, AdamW); frozen logs the head's loss from the no-grad old-log-prob forward, online adds

@@ -4,8 +4,8 @@ The CPU numbers (results/real/verify_cost) price the payoff rule's inputs where 
 the same question on an accelerator. The lent GPU machine has no vLLM and cannot install one, so the step is
 SmolLM2's decode step written as plain torch ops over a static KV cache (``GraphDecoder``, checked against
 transformers' own Llama forward before anything is timed) and replayed as a CUDA graph, as vLLM replays its decode
-steps: eager PyTorch spends ~20 ms launching a 30-layer step's kernels at any batch size, which hides what drafting
-costs. B requests hold ``--context`` tokens of KV cache; a step feeds each request 1 + K tokens (K drafts) and
+steps: eager PyTorch spends longer launching a 30-layer step's kernels than the GPU takes to run them, which hides
+what drafting costs. B requests hold ``--context`` tokens of KV cache; a step feeds each request 1 + K tokens (K drafts) and
 computes their logits and argmax. Weights are random in SmolLM2-135M's exact shape (a step's cost does not depend on
 their values). Median of ``--repeats`` replays, each timed by CUDA events.
 

@@ -78,8 +78,8 @@ class DriftProbe:
     """The fixed sequences, the starting policy's next-token distributions on them, and its MTP head.
 
     The sequences are scored ``chunk_tokens`` tokens at a time: every [tokens, vocabulary] tensor of a measurement
-    then has ``chunk_tokens`` rows, not the probe's (on SmolLM2 one unchunked pass over 8,070 probe tokens held
-    several 1.6 GB float32 copies of the logits at once: a 16-20 GB peak every step, results/real/README.md). The
+    then has ``chunk_tokens`` rows, not the probe's (an unchunked pass over a real vocabulary holds several float32
+    copies of the whole probe's logits at once: many GB every step). The
     metrics are sums over chunks divided by the probe's position counts, so they do not depend on the chunking."""
 
     def __init__(

