@@ -18,5 +18,9 @@ BENCHMARKS: dict[str, tuple[str, str]] = {  # name -> (module under recipe.bench
     "backends": ("backends", "backend=local against backend=verl: start-up, step time, processes, memory"),
     "routing": ("routing", "prompt-affinity routing over vLLM server replicas against veRL's least-loaded"),
     "dtype": ("dtype", "bfloat16 against float32 sampling speed on this CPU"),
+    "cost-model": (
+        "cost_model",
+        "the step-cost model fitted to measured step tables and checked where it was not fitted",
+    ),
     "base-model": ("base_model", "the embedded base model: pass@1, greedy accuracy, MTP acceptance"),
 }

@@ -1,34 +1,59 @@
-"""What verifying drafts costs a decode step of SmolLM2-135M's shape on a GPU, by batch size and draft length.
+"""What verifying drafts costs a decode step on a GPU, by batch size, draft length and context: SmolLM2-135M's shape
+(default) or Qwen3-8B's (``--shape qwen3-8b``), the table the step-cost model reads (recipe/cost_model.py).
 
 The CPU numbers (results/real/verify_cost) price the payoff rule's inputs where the recipe's tests run; this is
 the same question on an accelerator. The lent GPU machine has no vLLM and cannot install one, so the step is
-SmolLM2's decode step written as plain torch ops over a static KV cache (``GraphDecoder``, checked against
+a Llama decode step written as plain torch ops over a static KV cache (``GraphDecoder``, checked against
 transformers' own Llama forward before anything is timed) and replayed as a CUDA graph, as vLLM replays its decode
 steps: eager PyTorch spends longer launching a 30-layer step's kernels than the GPU takes to run them, which hides
-what drafting costs. B requests hold ``--context`` tokens of KV cache; a step feeds each request 1 + K tokens (K drafts) and
-computes their logits and argmax. Weights are random in SmolLM2-135M's exact shape (a step's cost does not depend on
-their values). Median of ``--repeats`` replays, each timed by CUDA events.
+what drafting costs. B requests hold C tokens of KV cache (each of ``--contexts``, where weights and cache fit in the
+device's free memory); a step feeds each request 1 + K tokens (K drafts) and computes their logits and argmax.
+Weights are random in the shape (a step's cost does not depend on their values; Qwen3's q/k norms, two small
+element-wise ops, are left out). Median of ``--repeats`` replays, each timed by CUDA events. ``--device cpu`` times
+eager steps with a wall clock instead (the tests run a tiny shape that way).
 
 ``--tokens-per-step NAME:K:T`` adds a table of the speed-up a drafter that yields T tokens per request-step at
 draft length K would reach at each batch size on this GPU (T / cost), e.g. the tail figures measured on this model
 on the CPU (results/real, results/real/mtp_head): acceptance does not depend on the hardware.
 
     python -m recipe.bench verify-cost-gpu   # on a machine with a CUDA GPU -> results/real/verify_cost/
+    python -m recipe.bench verify-cost-gpu --shape qwen3-8b --batches 1,4,16,64,256 --ks 1,2,4,8 \
+        --contexts 2048,16384 --repeats 20 --out results/cost_model/qwen3-8b   # about 5 minutes on an H100
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from recipe.cost_model import SHAPES, ModelShape
 from recipe.models import BUILTIN_SHAPES
 from recipe.paths import RESULTS_DIR
 
 SMOLLM2_135M = BUILTIN_SHAPES["smollm2-135m-instruct"]
+
+
+def llama_config(shape: ModelShape) -> dict:
+    """transformers' LlamaConfig fields of a cost-model shape (rope and norm settings do not change a step's cost)."""
+    return dict(
+        vocab_size=shape.vocab, hidden_size=shape.hidden, intermediate_size=shape.intermediate,
+        num_hidden_layers=shape.layers, num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads,
+        head_dim=shape.head_dim, rms_norm_eps=1e-6, rope_theta=1e6, max_position_embeddings=40960,
+        tie_word_embeddings=False,
+    )  # fmt: skip
+
+
+STEP_SHAPES = {  # what --shape names: SmolLM2 as recipe.models builds it, the others from recipe.cost_model.SHAPES
+    "smollm2-135m": SMOLLM2_135M,
+    "qwen3-8b": llama_config(SHAPES["qwen3-8b"]),
+    "tiny": dict(SMOLLM2_135M, vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=16),
+}  # fmt: skip
 
 
 class GraphDecoder:
@@ -113,8 +138,24 @@ def check_against_transformers(hf_model: torch.nn.Module, prefix: int = 8, ahead
     return err
 
 
+def wall_step_ms(decoder: GraphDecoder, batch: int, context: int, q: int, repeats: int) -> float:
+    """Median milliseconds of an eager step on the CPU (no graphs, no device events)."""
+    ids = torch.randint(0, decoder.embed.shape[0], (batch, q))
+    positions = torch.arange(context, context + q)
+    times = []
+    for i in range(repeats + 1):
+        start = time.perf_counter()
+        decoder.step(ids, positions).argmax(-1)
+        if i:
+            times.append(1e3 * (time.perf_counter() - start))
+    times.sort()
+    return times[len(times) // 2]
+
+
 def graph_step_ms(decoder: GraphDecoder, batch: int, context: int, q: int, repeats: int) -> float:
     """Median milliseconds of one replayed CUDA graph of a step feeding each of ``batch`` requests ``q`` tokens."""
+    if decoder.embed.device.type != "cuda":
+        return wall_step_ms(decoder, batch, context, q, repeats)
     vocab = decoder.embed.shape[0]
     ids = torch.randint(0, vocab, (batch, q), device="cuda")
     positions = torch.arange(context, context + q, device="cuda")
@@ -144,6 +185,8 @@ def graph_step_ms(decoder: GraphDecoder, batch: int, context: int, q: int, repea
 
 def eager_step_ms(decoder: GraphDecoder, batch: int, context: int, repeats: int) -> float:
     """Median milliseconds of the same plain step run eagerly (kernel launches from Python), for reference."""
+    if decoder.embed.device.type != "cuda":
+        return wall_step_ms(decoder, batch, context, 1, repeats)
     ids = torch.randint(0, decoder.embed.shape[0], (batch, 1), device="cuda")
     positions = torch.arange(context, context + 1, device="cuda")
     times = []
@@ -170,94 +213,141 @@ def parse_tokens_per_step(spec: str) -> list[tuple[str, int, float]]:
     return out
 
 
+def fits(model: torch.nn.Module, batch: int, max_len: int, device: str) -> bool:
+    """Whether ``batch`` requests of ``max_len`` tokens of KV cache fit beside the weights (with room for a step)."""
+    if device != "cuda":
+        return True
+    cfg = model.config
+    kv = 2 * cfg.num_hidden_layers * batch * cfg.num_key_value_heads * max_len * cfg.head_dim * 2  # bf16 K and V
+    logits = batch * 9 * cfg.vocab_size * 4 * 3  # a K=8 step's logits, with argmax's and softmax's copies
+    return kv + logits < 0.85 * torch.cuda.mem_get_info()[0]
+
+
 def main() -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shape", default="smollm2-135m", choices=sorted(STEP_SHAPES))
     parser.add_argument("--batches", default="1,2,4,8,16,32,64,128,256")
     parser.add_argument("--ks", default="1,2,4,6,8")
-    parser.add_argument("--context", type=int, default=320, help="tokens already in each request's KV cache")
+    parser.add_argument("--contexts", default="320", help="tokens already in each request's KV cache, comma-separated")
     parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     parser.add_argument("--tokens-per-step", default="", help="NAME:K:T,... drafters to project (module docstring)")
     parser.add_argument("--out", default=str(RESULTS_DIR / "real" / "verify_cost"))
     args = parser.parse_args()
-    batches = [int(b) for b in args.batches.split(",")]
-    ks = [int(k) for k in args.ks.split(",")]
+    try:
+        batches = [int(b) for b in args.batches.split(",")]
+        ks = [int(k) for k in args.ks.split(",")]
+        contexts = [int(c) for c in args.contexts.split(",")]
+    except ValueError as err:
+        parser.error(f"--batches/--ks/--contexts: comma-separated integers ({err})")
     drafters = parse_tokens_per_step(args.tokens_per_step)
     missing = sorted({k for _, k, _ in drafters} - set(ks))
     if missing:
         raise SystemExit(f"--tokens-per-step names K={missing}, which --ks {args.ks} does not measure")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA device here (--device cpu times a step on this CPU)")
 
+    config = LlamaConfig(**STEP_SHAPES[args.shape])
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(**SMOLLM2_135M)).to("cuda", torch.float32).eval()
-    check_err = check_against_transformers(model)
-    model = model.to(torch.bfloat16)
+    with torch.device(args.device):  # a 2-layer twin in float32 checks the hand-written step against transformers
+        twin = LlamaForCausalLM(LlamaConfig(**dict(STEP_SHAPES[args.shape], num_hidden_layers=2))).eval()
+    check_err = check_against_transformers(twin)
+    del twin
+    default_dtype = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)  # built in bf16: an 8B model's float32 copy would double the peak
+    try:
+        with torch.device(args.device):
+            model = LlamaForCausalLM(config).eval()
+    finally:
+        torch.set_default_dtype(default_dtype)
     rows = []
+    started = time.perf_counter()
     with torch.no_grad():
-        for b in batches:
-            decoder = GraphDecoder(model, batch=b, max_len=args.context + 1 + max(ks))
-            decoder.step(
-                torch.randint(0, SMOLLM2_135M["vocab_size"], (b, args.context), device="cuda"),
-                torch.arange(args.context, device="cuda"),
-            )
-            times = {q: graph_step_ms(decoder, b, args.context, q, args.repeats) for q in [1, *[1 + k for k in ks]]}
-            eager = eager_step_ms(decoder, b, args.context, args.repeats)
-            for k in ks:
-                rows.append(
-                    {
-                        "batch": b,
-                        "k": k,
-                        "plain_ms": times[1],
-                        "eager_plain_ms": eager,
-                        "step_ms": times[1 + k],
-                        "cost_vs_plain": times[1 + k] / times[1],
-                    }
+        for context in contexts:
+            for b in batches:
+                if not fits(model, b, context + 1 + max(ks), args.device):
+                    print(f"context {context}, batch {b}: the KV cache does not fit, skipped", flush=True)
+                    continue
+                decoder = GraphDecoder(model, batch=b, max_len=context + 1 + max(ks))
+                decoder.step(
+                    torch.randint(0, config.vocab_size, (b, context), device=args.device),
+                    torch.arange(context, device=args.device),
                 )
-            print(b, f"eager {eager:.3f}", {q: round(t, 3) for q, t in times.items()}, flush=True)
-            del decoder
-            torch.cuda.empty_cache()
+                times = {q: graph_step_ms(decoder, b, context, q, args.repeats) for q in [1, *[1 + k for k in ks]]}
+                eager = eager_step_ms(decoder, b, context, args.repeats)
+                rows += [
+                    {"batch": b, "k": k, "context": context, "plain_ms": times[1], "eager_plain_ms": eager,
+                     "step_ms": times[1 + k], "cost_vs_plain": times[1 + k] / times[1]}
+                    for k in ks
+                ]  # fmt: skip
+                print(context, b, f"eager {eager:.3f}", {q: round(t, 3) for q, t in times.items()}, flush=True)
+                del decoder
+                if args.device == "cuda":
+                    torch.cuda.empty_cache()
 
-    device = torch.cuda.get_device_name()
+    device = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "verify_cost_gpu.json").write_text(
-        json.dumps({"device": device, "check_vs_transformers_fp32": check_err, "rows": rows}, indent=1)
+        json.dumps(
+            {
+                "device": device,
+                "shape": args.shape,
+                "check_vs_transformers_fp32": check_err,
+                "seconds": time.perf_counter() - started,
+                "rows": rows,
+            },
+            indent=1,
+        )  # fmt: skip
     )
-    cost = {(r["batch"], r["k"]): r for r in rows}
+    cost = {(r["context"], r["batch"], r["k"]): r for r in rows}
     command = (
-        f"python -m recipe.bench verify-cost-gpu --batches {args.batches} --ks {args.ks} --context {args.context} "
-        f"--repeats {args.repeats}" + (f" --tokens-per-step {args.tokens_per_step}" if drafters else "")
+        f"python -m recipe.bench verify-cost-gpu --shape {args.shape} --batches {args.batches} --ks {args.ks} "
+        f"--contexts {args.contexts} --repeats {args.repeats}"
+        + (f" --device {args.device}" if args.device != "cuda" else "")
+        + (f" --tokens-per-step {args.tokens_per_step}" if drafters else "")
     )
     lines = [
-        f"# Verification cost of a decode step on a GPU ({device}), SmolLM2-135M's shape, CUDA graphs",
+        f"# Verification cost of a decode step on {device}, {args.shape}'s shape"
+        + (", CUDA graphs" if args.device == "cuda" else ""),
         "",
-        f"Produced by `{command}` on the lent GPU machine (torch {torch.__version__}, transformers "
-        f"{__import__('transformers').__version__}, bf16, random weights in the model's shape). The step is SmolLM2's "
-        "decode step in plain torch ops over a static KV cache, replayed as a CUDA graph (vLLM's way on a GPU); its "
-        f"logits matched transformers' Llama forward to {check_err:.1e} in fp32 before timing. B requests, each with "
-        f"{args.context} tokens cached, fed 1 + K tokens (logits and argmax of all of them); cost as a multiple of "
-        f"the plain step (1 token each); median of {args.repeats} replays. The eager column is the same plain step "
-        "launched from Python, the cost a step has without graphs.",
-        "",
-        "| batch | eager ms/step | graph ms/step | " + " | ".join(f"K={k}" for k in ks) + " |",
-        "|---|---|---|" + "---|" * len(ks),
+        f"Produced by `{command}` (torch {torch.__version__}, transformers "
+        f"{__import__('transformers').__version__}, bf16, random weights in the model's shape). The step is a Llama "
+        "decode step in plain torch ops over a static KV cache"
+        + (", replayed as a CUDA graph (vLLM's way on a GPU)" if args.device == "cuda" else "")
+        + f"; a 2-layer twin's logits matched transformers' Llama forward to {check_err:.1e} in fp32 before timing. "
+        "B requests, each with C tokens cached, fed 1 + K tokens (logits and argmax of all of them); cost as a "
+        f"multiple of the plain step (1 token each); median of {args.repeats} runs. The eager column is the same plain "
+        "step launched from Python.",
     ]
-    for b in batches:
-        cells = " | ".join(f"{cost[b, k]['cost_vs_plain']:.2f}x" for k in ks)
-        lines.append(f"| {b} | {cost[b, ks[0]]['eager_plain_ms']:.2f} | {cost[b, ks[0]]['plain_ms']:.3f} | {cells} |")
-    if drafters:
+    for context in contexts:
+        measured = [b for b in batches if (context, b, ks[0]) in cost]
         lines += [
             "",
-            "Speed-up over spec off a drafter would reach at each batch size on this GPU: its tokens per request-step "
-            "(measured on the CPU; acceptance does not depend on the hardware) divided by the step's cost at its K. "
-            "It leaves out the drafter's own time and vLLM's rejection sampler, so it is a ceiling.",
+            f"Context {context}:",
             "",
-            "| drafter | K | tokens/request-step | " + " | ".join(f"B={b}" for b in batches) + " |",
-            "|---|---|---|" + "---|" * len(batches),
+            "| batch | eager ms/step | step ms | " + " | ".join(f"K={k}" for k in ks) + " |",
+            "|---|---|---|" + "---|" * len(ks),
         ]
-        for name, k, tokens in drafters:
-            cells = " | ".join(f"{tokens / cost[b, k]['cost_vs_plain']:.2f}x" for b in batches)
-            lines.append(f"| {name} | {k} | {tokens:.2f} | {cells} |")
+        for b in measured:
+            cells = " | ".join(f"{cost[context, b, k]['cost_vs_plain']:.2f}x" for k in ks)
+            first = cost[context, b, ks[0]]
+            lines.append(f"| {b} | {first['eager_plain_ms']:.2f} | {first['plain_ms']:.3f} | {cells} |")
+        if drafters and measured:
+            lines += [
+                "",
+                "Speed-up over spec off a drafter would reach at each batch size here: its tokens per request-step "
+                "(measured on the CPU; acceptance does not depend on the hardware) divided by the step's cost at its "
+                "K. It leaves out the drafter's own time and vLLM's rejection sampler, so it is a ceiling.",
+                "",
+                "| drafter | K | tokens/request-step | " + " | ".join(f"B={b}" for b in measured) + " |",
+                "|---|---|---|" + "---|" * len(measured),
+            ]
+            for name, k, tokens in drafters:
+                cells = " | ".join(f"{tokens / cost[context, b, k]['cost_vs_plain']:.2f}x" for b in measured)
+                lines.append(f"| {name} | {k} | {tokens:.2f} | {cells} |")
     (out / "verify_cost_gpu.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

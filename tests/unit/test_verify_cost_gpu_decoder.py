@@ -36,3 +36,32 @@ def test_tokens_per_step_names_the_bad_item():
     assert bench.parse_tokens_per_step("sam:6:1.12,mtp:1:1.41") == [("sam", 6, 1.12), ("mtp", 1, 1.41)]
     with pytest.raises(SystemExit, match="'sam:1.12'"):
         bench.parse_tokens_per_step("sam:1.12")
+
+
+def test_the_step_table_runs_on_the_cpu_with_a_tiny_shape_and_names_each_context(tmp_path, monkeypatch):
+    """The GPU script's whole path (model, twin check, steps by context, batch and K, table) on the CPU: what a lent
+    GPU runs with --shape qwen3-8b, in seconds here."""
+    import json
+    import sys
+
+    argv = ["verify-cost-gpu", "--shape", "tiny", "--device", "cpu", "--batches", "1,2", "--ks", "1,3",
+            "--contexts", "8,24", "--repeats", "2", "--out", str(tmp_path)]  # fmt: skip
+    monkeypatch.setattr(sys, "argv", argv)
+    bench.main()
+    table = json.loads((tmp_path / "verify_cost_gpu.json").read_text())
+    assert table["shape"] == "tiny" and table["check_vs_transformers_fp32"] < 1e-4
+    assert {(r["context"], r["batch"], r["k"]) for r in table["rows"]} == {
+        (c, b, k) for c in (8, 24) for b in (1, 2) for k in (1, 3)
+    }
+    assert all(r["step_ms"] > 0 and r["cost_vs_plain"] > 0 for r in table["rows"])
+    assert "Context 24:" in (tmp_path / "verify_cost_gpu.md").read_text()
+
+
+def test_a_cuda_run_without_a_gpu_names_the_cpu_option(tmp_path, monkeypatch):
+    import sys
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    monkeypatch.setattr(sys, "argv", ["verify-cost-gpu", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit, match="--device cpu"):
+        bench.main()

@@ -1,0 +1,110 @@
+"""The step-cost model (recipe/cost_model.py) fitted to measured tables and checked where it was not fitted
+-> ``results/cost_model/validation.csv`` (``table, cell, measured, predicted, fitted``) and ``fits.json``.
+
+- ``h200-smollm2``: SmolLM2-135M's decode/verify step on an H200 as a CUDA graph, context 320
+  (results/real/verify_cost/verify_cost_gpu.json), every cell fitted;
+- ``paper-7b``: the verification cost of seven draft tokens over a plain step for Qwen2.5-7B by batch size, as
+  quoted in issue #94 from EfficientRollout (arXiv 2606.18967), predicted from the H200 fit carried to Qwen2.5-7B's
+  shape on ``--paper-device`` at ``--paper-context``: never fitted;
+- ``cpu-smollm2``: SmolLM2-135M in float32 in a vLLM CPU engine on 2 cores (results/real/verify_cost/
+  verify_cost.json), fitted on the batches of ``--cpu-fit-batches``, the other batches held out.
+
+    python -m recipe.bench cost-model
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+
+from recipe.cost_model import DEVICES, SHAPES, Cell, cell_errors, fit, max_abs_error
+from recipe.paths import RESULTS_DIR
+
+MEASURED = RESULTS_DIR / "real" / "verify_cost"
+# seven draft tokens over a plain step, Qwen2.5-7B, by batch size: the figures issue #94 quotes from EfficientRollout
+PAPER_7B_K7 = {1: 1.06, 8: 1.30, 16: 1.35, 32: 1.70, 64: 2.70}
+CPU_CONTEXT = 132  # the word problems' chat-templated prompts (about 120 tokens) and half of the 24 decoded tokens
+
+
+def h200_cells() -> list[Cell]:
+    rows = json.loads((MEASURED / "verify_cost_gpu.json").read_text())["rows"]
+    context = {(r["batch"], r.get("context", 320)) for r in rows}  # the table before --contexts held 320 only
+    plain = {(r["batch"], r.get("context", 320)): r["plain_ms"] for r in rows}
+    cells = [Cell("h200-smollm2", b, 0, float(c), plain[b, c] / 1e3) for b, c in sorted(context)]
+    return cells + [
+        Cell("h200-smollm2", r["batch"], r["k"], float(r.get("context", 320)), r["step_ms"] / 1e3) for r in rows
+    ]
+
+
+def cpu_cells() -> list[Cell]:
+    table = json.loads((MEASURED / "verify_cost.json").read_text())
+    cells = []
+    for key, times in table.items():
+        batch, k = key.split(",")
+        if k.isdigit():  # "1of" (one request of the batch drafts) is not a uniform step
+            cells.append(Cell("cpu-smollm2", int(batch), int(k), CPU_CONTEXT, float(np.median(times)) / 1e3))
+    return sorted(cells, key=lambda c: (c.batch, c.k))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--paper-device", default="h100", choices=sorted(DEVICES))
+    parser.add_argument("--paper-context", type=float, default=2048.0, help="KV tokens per request in the paper cells")
+    parser.add_argument("--cpu-fit-batches", default="1,8,64", help="CPU batches fitted; the rest are held out")
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR / "cost_model")
+    args = parser.parse_args()
+    try:
+        cpu_fit_batches = {int(b) for b in args.cpu_fit_batches.split(",")}
+    except ValueError:
+        parser.error(f"--cpu-fit-batches: comma-separated integers, got {args.cpu_fit_batches!r}")
+
+    smollm2, gpu = SHAPES["smollm2-135m"], DEVICES["h200"]
+    h200 = h200_cells()
+    gpu_fit = fit(h200, smollm2, gpu)
+    paper = [Cell("paper-7b", b, 7, args.paper_context, r, relative=True) for b, r in PAPER_7B_K7.items()]
+    paper_rows = cell_errors(paper, SHAPES["qwen2.5-7b"], DEVICES[args.paper_device], gpu_fit)
+
+    cpu_shape, cpu = SHAPES["smollm2-135m-fp32"], DEVICES["cpu-2core"]
+    cpu_all = cpu_cells()
+    cpu_fit = fit([c for c in cpu_all if c.batch in cpu_fit_batches], cpu_shape, cpu)
+    cpu_rows = cell_errors(cpu_all, cpu_shape, cpu, cpu_fit)
+
+    rows = [
+        *({**r, "fitted": "yes"} for r in cell_errors(h200, smollm2, gpu, gpu_fit)),
+        *({**r, "fitted": "no"} for r in paper_rows),
+        *({**r, "fitted": "yes" if int(r["cell"].split(",")[0][2:]) in cpu_fit_batches else "no"} for r in cpu_rows),
+    ]
+    args.out.mkdir(parents=True, exist_ok=True)
+    with open(args.out / "validation.csv", "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=["table", "cell", "measured", "predicted", "fitted", "error"])
+        writer.writeheader()
+        writer.writerows({**r, "measured": f"{r['measured']:.6g}", "predicted": f"{r['predicted']:.6g}",
+                          "error": f"{r['error']:+.3f}"} for r in rows)  # fmt: skip
+    summary = {
+        "h200": gpu_fit.as_dict(),
+        "cpu-2core": cpu_fit.as_dict(),
+        "paper_device": args.paper_device,
+        "paper_context": args.paper_context,
+        "max_abs_error": {
+            f"{table}, fitted={fitted}": max_abs_error(
+                [r for r in rows if r["table"] == table and r["fitted"] == fitted]
+            )
+            for table in ("h200-smollm2", "paper-7b", "cpu-smollm2")
+            for fitted in ("yes", "no")
+            if any(r["table"] == table and r["fitted"] == fitted for r in rows)
+        },
+    }
+    (args.out / "fits.json").write_text(json.dumps(summary, indent=1) + "\n")
+    print(json.dumps(summary, indent=1))
+    for r in rows:
+        if r["table"] != "h200-smollm2":
+            print(f"{r['table']:13s} {r['cell']:10s} measured {r['measured']:.4g} predicted {r['predicted']:.4g} "
+                  f"({r['error']:+.1%}) fitted {r['fitted']}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

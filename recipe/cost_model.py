@@ -1,0 +1,189 @@
+"""The time of one decode/verify step of a transformer on an accelerator: a roofline over the bytes a step reads and
+the FLOPs it computes, plus a fixed cost per step and a cost per token the roofline does not see.
+
+A step of B requests, request i holding ``context[i]`` tokens of KV cache and verifying ``K`` draft tokens, runs
+``B * (1 + K)`` tokens through every layer. It reads every weight once and every request's KV cache once (verifying K
+tokens reads the cache once, not K times), and computes ``2 * params`` FLOPs per token plus attention over the
+context. So
+
+    seconds = fixed + FLOPs / (peak_flops * compute_eff * tokens / (tokens + half_tokens))
+                    + bytes / (bandwidth * memory_eff) + per_token * tokens + (switch + switch_row * B) * (K > 0)
+
+Compute and memory time add rather than overlap (a decode step's kernels are each either bound by one or the other,
+one after another), and a GEMM over few rows reaches a small share of peak: ``half_tokens`` is the token count at
+which it reaches half of ``compute_eff``. A step with drafts runs the verification path (a query of 1 + K tokens per
+request, the rejection sampler) instead of the plain one: ``switch + switch_row * B``, the terms the payoff rule's
+learned step cost has too (sam/payoff.py). The seven free parameters (:class:`StepCostFit`) are fitted to a measured table of steps (:func:`fit`) and carried to
+another model shape on the same kind of device; :func:`cell_errors` reports each cell's error, fitted or held out.
+Shapes are the models' published configs; devices their data-sheet peaks (dense bf16, HBM).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """A decoder-only transformer's shape, in Hugging Face config names."""
+
+    name: str
+    layers: int
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    bytes_per_param: int = 2  # bf16
+
+    @property
+    def matmul_params(self) -> int:
+        """Parameters every token multiplies through: attention and MLP projections of every layer and the LM head
+        (an embedding lookup reads one row)."""
+        attention = self.hidden * self.head_dim * (2 * self.heads + 2 * self.kv_heads)
+        mlp = 3 * self.hidden * self.intermediate
+        return self.layers * (attention + mlp) + self.hidden * self.vocab
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """KV cache bytes one token of context holds over every layer."""
+        return self.layers * 2 * self.kv_heads * self.head_dim * self.bytes_per_param
+
+
+@dataclass(frozen=True)
+class Device:
+    """An accelerator's data-sheet peaks: dense bf16 FLOP/s and memory bandwidth in bytes/s."""
+
+    name: str
+    peak_flops: float
+    bandwidth: float
+
+
+SHAPES = {  # from each model's published config.json
+    "smollm2-135m": ModelShape("smollm2-135m", 30, 576, 1536, 9, 3, 64, 49152),
+    "qwen2.5-7b": ModelShape("qwen2.5-7b", 28, 3584, 18944, 28, 4, 128, 152064),
+    "mimo-7b": ModelShape("mimo-7b", 36, 4096, 11008, 32, 8, 128, 151680),
+    "qwen3-8b": ModelShape("qwen3-8b", 36, 4096, 12288, 32, 8, 128, 151936),
+    "qwen3-32b": ModelShape("qwen3-32b", 64, 5120, 25600, 64, 8, 128, 151936),
+}
+SHAPES["smollm2-135m-fp32"] = ModelShape("smollm2-135m-fp32", 30, 576, 1536, 9, 3, 64, 49152, bytes_per_param=4)
+
+DEVICES = {  # NVIDIA data sheets (SXM): dense bf16 tensor-core FLOP/s, HBM bytes/s
+    "a100": Device("a100", 312e12, 2.039e12),
+    "h100": Device("h100", 989e12, 3.35e12),
+    "h200": Device("h200", 989e12, 4.8e12),
+    # two x86 cores in float32 (AVX2 FMA: 32 FLOP a cycle a core at about 3 GHz) and a DDR channel's share; nominal,
+    # the fitted efficiencies carry what the engine reaches
+    "cpu-2core": Device("cpu-2core", 1.9e11, 2.0e10),
+}
+
+
+@dataclass(frozen=True)
+class StepCostFit:
+    """The free parameters: seconds every step pays (launch, host), the share of peak compute a step's GEMMs reach with
+    many rows and the token count at which they reach half of it, the share of peak bandwidth, and seconds per token
+    the FLOPs do not count (sampling, small kernels); what switching a step to verification costs, and per request."""
+
+    fixed_s: float
+    compute_eff: float
+    half_tokens: float
+    memory_eff: float
+    per_token_s: float
+    switch_s: float
+    switch_row_s: float
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+def step_work(shape: ModelShape, batch: int, context: float | Sequence[float], k: int) -> tuple[float, float, int]:
+    """(FLOPs, bytes, tokens) of one step: ``batch`` requests, each verifying ``k`` drafts over its ``context``
+    (one number for all, or one per request)."""
+    contexts = np.full(batch, float(context)) if np.isscalar(context) else np.asarray(context, dtype=np.float64)
+    if contexts.size != batch:
+        raise ValueError(f"context: {contexts.size} lengths for a batch of {batch}")
+    tokens = batch * (1 + k)
+    attention = 4 * shape.layers * shape.heads * shape.head_dim * (1 + k) * float(contexts.sum())  # QK^T and PV
+    flops = 2.0 * shape.matmul_params * tokens + attention
+    weights = (shape.matmul_params + shape.hidden) * shape.bytes_per_param
+    return flops, weights + shape.kv_bytes_per_token * float(contexts.sum()), tokens
+
+
+def step_seconds(
+    shape: ModelShape, device: Device, fit: StepCostFit, batch: int, context: float | Sequence[float], k: int
+) -> float:
+    """Seconds of one decode (``k=0``) or verify step."""
+    flops, nbytes, tokens = step_work(shape, batch, context, k)
+    compute = flops / (device.peak_flops * fit.compute_eff * tokens / (tokens + fit.half_tokens))
+    switch = (fit.switch_s + fit.switch_row_s * batch) if k > 0 else 0.0
+    return fit.fixed_s + compute + nbytes / (device.bandwidth * fit.memory_eff) + fit.per_token_s * tokens + switch
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One measured step: its time in seconds (or, with ``relative``, its time over the same batch's ``k=0`` step)."""
+
+    table: str
+    batch: int
+    k: int
+    context: float
+    measured: float
+    relative: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"B={self.batch},K={self.k}"
+
+
+def predicted(cell: Cell, shape: ModelShape, device: Device, fit: StepCostFit) -> float:
+    seconds = step_seconds(shape, device, fit, cell.batch, cell.context, cell.k)
+    if cell.relative:
+        return seconds / step_seconds(shape, device, fit, cell.batch, cell.context, 0)
+    return seconds
+
+
+def fit(cells: Sequence[Cell], shape: ModelShape, device: Device) -> StepCostFit:
+    """The parameters that minimise the squared log error over ``cells`` (a ratio and its inverse weigh alike),
+    searched in log space so every parameter stays positive."""
+    from scipy.optimize import least_squares
+
+    measured = np.log([c.measured for c in cells])
+
+    def unpack(x: np.ndarray) -> StepCostFit:
+        return StepCostFit(*(float(v) for v in np.exp(x)))
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        fit_ = unpack(x)
+        return np.log([predicted(c, shape, device, fit_) for c in cells]) - measured
+
+    absolute = [c.measured for c in cells if not c.relative]
+    start_fixed = min(absolute) / 2 if absolute else 1e-3
+    best = None
+    # efficiencies up to 4: a CPU's nominal peaks are estimates, the fit carries the rest
+    lower, upper = np.log([1e-7, 1e-4, 1e-2, 1e-3, 1e-12, 1e-9, 1e-12]), np.log([10, 4, 1e5, 4, 1, 1, 1])
+    for compute in (0.05, 0.3, 0.7):  # a few starts: the error surface has flat valleys
+        for half in (1.0, 64.0, 1024.0):
+            x0 = np.log([start_fixed, compute, half, 0.5, 1e-7, start_fixed / 10, 1e-6])
+            result = least_squares(residuals, x0, bounds=(lower, upper))
+            if best is None or result.cost < best.cost:
+                best = result
+    return unpack(best.x)
+
+
+def cell_errors(cells: Sequence[Cell], shape: ModelShape, device: Device, fit_: StepCostFit) -> list[dict]:
+    """Each cell's measured and predicted value and the relative error of the prediction."""
+    rows = []
+    for c in cells:
+        p = predicted(c, shape, device, fit_)
+        rows.append({"table": c.table, "cell": c.name, "measured": c.measured, "predicted": p,
+                     "error": p / c.measured - 1.0})  # fmt: skip
+    return rows
+
+
+def max_abs_error(rows: Sequence[dict]) -> float:
+    return max((abs(r["error"]) for r in rows), default=math.nan)
