@@ -27,9 +27,9 @@ def md(rows: list[dict], columns: dict[str, tuple[str, str]] | None = None) -> s
     (default: every key of the first row, as it is)."""
     columns = columns or {key: (key, "") for key in rows[0]}
     shown = [key for key in columns if key in rows[0]]
-    frame = pd.DataFrame([[cell(r[key], columns[key][1]) for key in shown] for r in rows])
-    frame.columns = [columns[key][0] for key in shown]
-    return frame.to_markdown(index=False, disable_numparse=True)
+    lines = ["| " + " | ".join(columns[key][0] for key in shown) + " |", "|" + "---|" * len(shown)]
+    lines += ["| " + " | ".join(str(cell(r[key], columns[key][1])) for key in shown) + " |" for r in rows]
+    return "\n".join(lines)
 
 
 SLIME_COLUMNS = {

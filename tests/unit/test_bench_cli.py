@@ -1,0 +1,37 @@
+"""``python -m recipe.bench``: one entry point for every benchmark, listed with one line each, a bad name refused."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+
+import pytest
+
+from recipe.bench import BENCHMARKS
+from recipe.bench.__main__ import usage
+
+
+def test_help_lists_every_benchmark_with_its_line():
+    listed = subprocess.run([sys.executable, "-m", "recipe.bench", "--help"], capture_output=True, text=True)
+    assert listed.returncode == 0
+    for name, (_, line) in BENCHMARKS.items():
+        assert any(row.split() and row.split()[0] == name and line in row for row in listed.stdout.splitlines())
+    assert listed.stdout == usage()
+
+
+@pytest.mark.parametrize("name", sorted(BENCHMARKS))
+def test_every_benchmark_is_a_module_with_a_main(name):
+    module = importlib.import_module(f"recipe.bench.{BENCHMARKS[name][0]}")
+    assert callable(module.main) and module.__doc__
+
+
+def test_an_unknown_benchmark_is_one_line_and_exit_2():
+    run = subprocess.run([sys.executable, "-m", "recipe.bench", "rollouts"], capture_output=True, text=True)
+    assert run.returncode == 2
+    assert run.stderr.strip().splitlines() == [f"error: unknown benchmark 'rollouts'; known: {', '.join(BENCHMARKS)}"]
+
+
+def test_a_benchmarks_own_options_are_its_own():
+    run = subprocess.run([sys.executable, "-m", "recipe.bench", "cost-model", "--help"], capture_output=True, text=True)
+    assert run.returncode == 0 and "python -m recipe.bench cost-model" in run.stdout and "--paper-device" in run.stdout
