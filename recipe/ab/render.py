@@ -15,6 +15,7 @@ from recipe.ab.runner import MODES
 from recipe.ab.stats import ALPHA, QUARTER_METRICS, series, tables
 from recipe.dapo.run_dir import read_history
 from recipe.dapo.timeline import RolloutTimeline, saved_timelines, speed_by_active_requests_vs_off
+from recipe.provenance import commit, machine
 
 
 def cell(x: object, spec: str) -> str:
@@ -70,7 +71,8 @@ def markdown(t: dict[str, list[dict]], runs: dict[str, list[dict]], command: str
         "",
         f"Produced by `{command}` ({steps} steps per mode, same config, data and seed; means over steps of what "
         f"each run logged). Long tail: engine steps with at most {tail_threshold} active requests "
-        "(recipe.long_tail_threshold); rollout metrics pool each step's generation rounds.",
+        "(recipe.long_tail_threshold); rollout metrics pool each step's generation rounds. Tables written on "
+        f"{machine()} at commit {commit()}.",
         "",
         "## (a) Rollout and training speed (slime's layout)",
         "",

@@ -37,6 +37,7 @@ import numpy as np
 
 from recipe.ab.stats import ratio_interval_text
 from recipe.paths import REPO_ROOT
+from recipe.provenance import commit, machine
 
 MODES = {
     "off": ("off", None),
@@ -747,7 +748,8 @@ def main() -> None:
         f"--prompts {args.prompts} --n {args.n} "
         f"--repeats {args.repeats} --tail {args.tail} --gate {gate} --modes {args.modes}"
         f"{f' --seed {args.seed}' if args.seed != parser.get_default('seed') else ''}"
-        f"{f' --dtype {args.dtype}' if args.dtype else ''}` (engines in {dtype}, temperature 1, long tail = "
+        f"{f' --dtype {args.dtype}' if args.dtype else ''}` on {machine()} at commit {commit()} (engines in {dtype}, "
+        "temperature 1, long tail = "
         f"at most {args.tail} active requests, SAM drafts at most {gate} active requests unless a mode says @G, K, "
         "SAM options from configs/spec unless a mode says /<letter><value> (SAM_MODE_OPTIONS); every mode's engine alive at once, "
         f"rollouts interleaved mode by mode in an order rotated each repeat, each repeat's rollouts from one sampler seed, medians of {args.repeats}). The tail columns read each mode's own tail, "
