@@ -354,6 +354,8 @@ def check_overrides(cfg: DictConfig, overrides: list[str], defaults: DictConfig,
                     "is refused)"
                 )
             continue
+        if "${" in str(override.value()):  # an interpolation (``${oc.env:X}`` is a string until decoded): unchecked
+            continue
         default = OmegaConf.select(defaults, key, default=None)
         value = OmegaConf.select(cfg, key, default=None)
         expected = type(default)

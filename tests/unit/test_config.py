@@ -336,6 +336,7 @@ def test_values_of_the_right_type_pass_and_groups_and_open_maps_are_not_flagged(
         "actor_rollout_ref.model.path=null",
         "spec=mtp",
         "+actor_rollout_ref.rollout.engine_kwargs.vllm.max_num_batched_tokens=64",  # veRL passes this map on whole
+        "trainer.nnodes=${oc.env:SPEC_ROLLOUT_TEST_NODES}",  # an interpolation: a string until resolved, unchecked
     ]
     assert check_overrides(config(*overrides), overrides, config("spec=mtp"), {"spec", "experiment"}) == []
 

@@ -54,3 +54,10 @@ def test_results_hold_current_claims_only():
 @pytest.mark.parametrize("name", ["README.md"])
 def test_the_readme_stays_short(name):
     assert len((REPO / name).read_text().splitlines()) <= 150
+
+
+def test_reports_name_the_machine_and_the_commit():
+    from recipe.provenance import commit, machine
+
+    assert re.fullmatch(r".+, \d+ cores, .+", machine())
+    assert re.fullmatch(r"[0-9a-f]{7,}(\+changes)?|unknown", commit())
