@@ -317,7 +317,7 @@ def test_scored_drafting_learns_every_source_not_only_the_one_it_picks():
     the proposer sends, while its own text drafts a coin flip's token where the response flips one. The own text's
     chances are still learned in that rollout: each request's shadow drafts come from its sources in turn. Learning
     only from the drafts it picks, a source that is picked first is the only one ever learned and keeps winning
-    (every prompt's responses held off each prompt's own history on the embedded task, results/real/README.md)."""
+    (every prompt's responses held off each prompt's own history on the embedded task)."""
     rng = np.random.default_rng(0)
     response = [t for coin in rng.integers(0, 2, 150) for t in (20, 21, 30 + int(coin))]
     cheap = {"payoff": True, "batch_threshold": 256, "payoff_cost": [0.05, 0.001, 0.0002, 0.0, 0.0002]}
