@@ -18,7 +18,7 @@ on the CPU (results/real, results/real/mtp_head): acceptance does not depend on 
 
     python -m recipe.bench verify-cost-gpu   # on a machine with a CUDA GPU -> results/real/verify_cost/
     python -m recipe.bench verify-cost-gpu --shape qwen3-8b --batches 1,4,16,64,256 --ks 1,2,4,8 \
-        --contexts 2048,16384 --repeats 20 --out results/cost_model/qwen3-8b   # about 5 minutes on an H100
+        --contexts 2048,16384 --repeats 20 --out results/cost_model   # a few minutes on an H100 (not run yet)
 """
 
 from __future__ import annotations
