@@ -1,5 +1,5 @@
 """What the repository promises a reader: every ``results/...`` path that the code, the configs and the docs name
-exists, and the results stay a set of current claims (sizes the README's layout section states)."""
+exists, and results/ stays a set of current claims, not a notebook (its size targets)."""
 
 from __future__ import annotations
 
