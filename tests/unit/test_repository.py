@@ -61,3 +61,12 @@ def test_reports_name_the_machine_and_the_commit():
 
     assert re.fullmatch(r".+, \d+ cores, .+", machine())
     assert re.fullmatch(r"[0-9a-f]{7,}(\+changes)?|unknown", commit())
+
+
+def test_every_relative_link_in_the_markdown_resolves():
+    broken = []
+    for md in [REPO / "README.md", *sorted((REPO / "results").rglob("*.md"))]:
+        for match in re.finditer(r"\]\(([^)#:\s]+)\)", md.read_text()):
+            if not (md.parent / match.group(1)).exists():
+                broken.append((str(md.relative_to(REPO)), match.group(1)))
+    assert not broken, broken
