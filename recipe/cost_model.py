@@ -26,6 +26,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from recipe.models import BUILTIN_SHAPES
+
 
 @dataclass(frozen=True)
 class ModelShape:
@@ -64,14 +66,23 @@ class Device:
     bandwidth: float
 
 
+def shape_from_config(name: str, config: dict, bytes_per_param: int = 2) -> ModelShape:
+    """A shape from Hugging Face config fields (a built-in model's, recipe/models.py)."""
+    return ModelShape(
+        name, config["num_hidden_layers"], config["hidden_size"], config["intermediate_size"],
+        config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"], config["vocab_size"],
+        bytes_per_param,
+    )  # fmt: skip
+
+
 SHAPES = {  # from each model's published config.json
-    "smollm2-135m": ModelShape("smollm2-135m", 30, 576, 1536, 9, 3, 64, 49152),
+    "smollm2-135m": shape_from_config("smollm2-135m", BUILTIN_SHAPES["smollm2-135m-instruct"]),
     "qwen2.5-7b": ModelShape("qwen2.5-7b", 28, 3584, 18944, 28, 4, 128, 152064),
     "mimo-7b": ModelShape("mimo-7b", 36, 4096, 11008, 32, 8, 128, 151680),
     "qwen3-8b": ModelShape("qwen3-8b", 36, 4096, 12288, 32, 8, 128, 151936),
     "qwen3-32b": ModelShape("qwen3-32b", 64, 5120, 25600, 64, 8, 128, 151936),
 }
-SHAPES["smollm2-135m-fp32"] = ModelShape("smollm2-135m-fp32", 30, 576, 1536, 9, 3, 64, 49152, bytes_per_param=4)
+SHAPES["smollm2-135m-fp32"] = shape_from_config("smollm2-135m-fp32", BUILTIN_SHAPES["smollm2-135m-instruct"], 4)
 
 DEVICES = {  # NVIDIA data sheets (SXM): dense bf16 tensor-core FLOP/s, HBM bytes/s
     "a100": Device("a100", 312e12, 2.039e12),

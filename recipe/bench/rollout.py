@@ -31,6 +31,7 @@ import argparse
 import csv
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -467,6 +468,32 @@ SPEC_NAMES = {  # the rows of a pooled table by the spec= option each engine ran
 }
 
 
+def rollout_row(summaries: list[dict], extra_medians: Sequence[str] = ()) -> dict[str, float]:
+    """A mode's columns of ``rollout_e2e.csv`` from its rollouts' summaries: medians over the rollouts (NaN where a
+    rollout has no tail, or was logged before a key existed) and acceptance and drafting pooled over all of them;
+    ``extra_medians``: more summary keys, as medians."""
+
+    def median(key: str) -> float:
+        return float(np.nanmedian([s.get(key, math.nan) for s in summaries]))
+
+    def total(key: str) -> float:
+        return float(np.nansum([s[key] for s in summaries]))
+
+    return {
+        "tokens": median("tokens"),
+        "rollout_s": median("rollout_time_s"),
+        "rollout_tok_s": median("throughput_tok_s"),
+        "tail_tok_s": median("tail_throughput_tok_s"),
+        "tail_request_tok_s": median("tail_request_tok_s"),
+        "tail_time_share": median("tail_time_share"),
+        "tokens_per_request_step": median("tokens_per_request_step"),
+        "tail_tokens_per_request_step": median("tail_tokens_per_request_step"),
+        "acceptance": total("accepted_tokens") / max(total("draft_tokens"), 1.0),
+        "draft_tokens_per_token": total("draft_tokens") / max(total("tokens"), 1.0),
+        **{key: median(key) for key in extra_medians},
+    }
+
+
 def pooled_rows(runs: dict[str, list[dict | None]], tail_runs: dict[str, list[dict | None]] | None) -> list[dict]:
     """One row per mode of pooled runs (``--pairs-from``): medians of its rollouts' summaries in a run's
     ``rollout_e2e.csv`` columns, then the same-token ratio to spec off with its 95% interval (``vs_off*``) and the
@@ -492,26 +519,12 @@ def pooled_rows(runs: dict[str, list[dict | None]], tail_runs: dict[str, list[di
     rows = []
     for name, summaries in runs.items():
         kept = [s for s in summaries if s is not None]
-
-        def median(key: str, kept=kept) -> float:
-            return float(np.nanmedian([s.get(key, math.nan) for s in kept]))  # NaN: a rollout without a tail
-
         parsed = parse_mode(name, 256, defaults)
         row = {
             "mode": SPEC_NAMES.get(name, name),
             "k": parsed[1] if parsed else math.nan,
             "rollouts": len(kept),
-            "tokens": median("tokens"),
-            "rollout_s": median("rollout_time_s"),
-            "rollout_tok_s": median("throughput_tok_s"),
-            "tail_tok_s": median("tail_throughput_tok_s"),
-            "tail_request_tok_s": median("tail_request_tok_s"),
-            "tail_time_share": median("tail_time_share"),
-            "tokens_per_request_step": median("tokens_per_request_step"),
-            "tail_tokens_per_request_step": median("tail_tokens_per_request_step"),
-            "acceptance": sum(s["accepted_tokens"] for s in kept) / max(sum(s["draft_tokens"] for s in kept), 1.0),
-            "draft_tokens_per_token": sum(s["draft_tokens"] for s in kept) / max(sum(s["tokens"] for s in kept), 1.0),
-            **{key: median(key) for key in (band_key(*lohi) for lohi in ACTIVE_BANDS)},
+            **rollout_row(kept, [band_key(*lohi) for lohi in ACTIVE_BANDS]),
             **versus(runs, name, ""),
         }
         if tail_runs is not None:
@@ -703,30 +716,10 @@ def main() -> None:
     rollout_log.close()
     rows = []
     for name, summaries in runs.items():
-
-        def median(key: str, summaries=summaries) -> float:
-            return float(np.nanmedian([s[key] for s in summaries]))  # NaN: a rollout without a tail
-
-        rows.append(
-            {
-                "mode": name,
-                "k": ks[name],
-                "tokens": median("tokens"),
-                "rollout_s": median("rollout_time_s"),
-                "rollout_tok_s": median("throughput_tok_s"),
-                "tail_tok_s": median("tail_throughput_tok_s"),
-                "tail_request_tok_s": median("tail_request_tok_s"),
-                "tail_time_share": median("tail_time_share"),
-                "tokens_per_request_step": median("tokens_per_request_step"),
-                "ms_per_step": 1000 * median("rollout_time_s") / median("engine_steps"),
-                "drafter_ms_per_step": median("drafter_ms_per_step"),
-                "tail_tokens_per_request_step": median("tail_tokens_per_request_step"),
-                "acceptance": float(np.nansum([s["accepted_tokens"] for s in summaries]))
-                / max(float(np.nansum([s["draft_tokens"] for s in summaries])), 1.0),
-                "draft_tokens_per_token": float(np.nansum([s["draft_tokens"] for s in summaries]))
-                / max(float(np.nansum([s["tokens"] for s in summaries])), 1.0),
-            }
-        )
+        row = {"mode": name, "k": ks[name], **rollout_row(summaries)}
+        row["ms_per_step"] = 1000 * row["rollout_s"] / float(np.nanmedian([s["engine_steps"] for s in summaries]))
+        row["drafter_ms_per_step"] = float(np.nanmedian([s["drafter_ms_per_step"] for s in summaries]))
+        rows.append(row)
     bands = speed_by_active_requests_vs_off(timelines)  # every mode's steps pooled by active requests, once
     columns, equal_work = band_columns(bands), equal_work_vs_off(bands)
     for row in rows:
