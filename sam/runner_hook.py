@@ -11,10 +11,12 @@ from __future__ import annotations
 import functools
 
 _HOOKED = "_sam_attach_runner"
+HYBRID_KEY = "hybrid"  # additional_config entry that turns an MTP engine's drafter into sam.hybrid.HybridProposer
 
 
 def register() -> None:
-    """vLLM general plugin: give every custom proposer that asks (``attach_runner``) the model runner that built it.
+    """vLLM general plugin: give every custom proposer that asks (``attach_runner``) the model runner that built it;
+    with a ``hybrid`` entry in ``additional_config``, make the MTP drafter the runner built SAM's hybrid.
 
     vLLM builds a ``custom_class`` proposer inside ``GPUModelRunner.__init__`` (the CPU runner subclasses it) with
     only the config; the runner is what knows which request each row is. Idempotent."""
@@ -27,6 +29,12 @@ def register() -> None:
     @functools.wraps(init)
     def init_then_attach(runner, *args, **kwargs):
         init(runner, *args, **kwargs)
+        extra = getattr(runner.vllm_config, "additional_config", None) or {}
+        if HYBRID_KEY in extra and getattr(runner, "drafter", None) is not None:
+            from sam.hybrid import become_hybrid
+
+            become_hybrid(runner.drafter, runner)  # spec=hybrid: vLLM's MTP drafter drafts with SAM too
+            return
         attach = getattr(getattr(runner, "drafter", None), "attach_runner", None)
         if attach is not None:
             attach(runner)

@@ -356,12 +356,14 @@ class SAMProposer:
             likely &= self.acceptance.chances(group, band, level) >= EXPLORE_CHANCE
             lengths = likely.sum(axis=1)  # explore: what drafting costs can only be learned by drafting
         else:
-            chances = self.acceptance.chances(group, band, level)
-            lengths, self._token_cost = payoff_cut(
-                chances, lengths, rows, self.step_cost.coef, self.options.payoff_margin
-            )
+            lengths = self._cut(rows, self.acceptance.chances(group, band, level), lengths)
             self._quiet = not lengths.any()
         self._last_drafted = int(lengths.sum())
+        return lengths
+
+    def _cut(self, rows: int, chances: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        """The payoff cut of this step's drafts (:func:`sam.payoff.payoff_cut`), keeping the token cost it found."""
+        lengths, self._token_cost = payoff_cut(chances, lengths, rows, self.step_cost.coef, self.options.payoff_margin)
         return lengths
 
     def _nothing_can_pay(self, rows: int) -> bool:

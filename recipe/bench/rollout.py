@@ -5,7 +5,7 @@ results/real).
 ``--repeats`` rollouts (``--prompts`` prompts x ``--n`` samples at temperature 1, the DAPO shape) per mode, on the same
 prompts, each engine warmed up on other prompts first. Reports tokens/s and mean tokens per request-step
 (the acceptance length, bonus token included) over the whole rollout and in its long tail (at most ``--tail``
-active requests), from the engine-step timeline. SAM modes: own text only; + group sharing (finished
+active requests), from the engine-step timeline. SAM modes: own text only (``sam-own``); + group sharing (finished
 siblings); + cross-epoch (the drafter saw an earlier rollout of the same prompts, as in the next DAPO epoch);
 ``suffix`` is vLLM's suffix decoding (Arctic Inference), shown the same earlier rollout as the cross-epoch SAM
 modes (its global tree keeps earlier responses). ``@G`` sets a mode's gate (SAM drafts only while at most G requests
@@ -15,7 +15,9 @@ are active; default ``--gate``), ``/kK`` its draft length cap K, ``/s<B>x<K>`` a
 prob, ``/d`` prior decay, ``/c0`` first-occurrence drafts from group material, ``/r0`` from the request's own text,
 ``/y0`` every draft the match rules give instead of the payoff rule's, ``/g1`` drafts from every prompt's
 responses too, ``/e1`` sources picked by the learned chances (``scored``); defaults: configs/spec/<method>.yaml).
-``noop`` is vLLM's speculative path with a proposer that never drafts: the cost of the path itself. A name may end in
+``mtp`` drafts with the model's MTP head, ``hybrid`` with the head and SAM per request (``--head``: the checkpoint;
+``hybrid`` takes SAM's letters too). ``sam`` is the default drafter as configs/spec/sam.yaml sets it (own text, siblings,
+earlier epochs: ``sam+group+epoch``), ``sam-own`` its own text only. ``noop`` is vLLM's speculative path with a proposer that never drafts: the cost of the path itself. A name may end in
 ``#<tag>`` (``off,off#2``): a second engine of the same mode, the A/A control for what an engine instance alone changes.
 Each rollout's summary goes to ``rollouts.jsonl``; the report ends with the rollouts a mode and a spec-off engine
 sampled alike (``same_token_pairs``) and the drafting modes against each other repeat by repeat (``rival_pairs``),
@@ -40,15 +42,19 @@ from recipe.ab.stats import ratio_interval_text
 from recipe.paths import REPO_ROOT
 from recipe.provenance import commit, machine
 
-MODES = {
+MODES = {  # mode -> (spec method, SAM options over configs/spec's); off, sam, mtp, hybrid, suffix: what spec=<mode> runs
     "off": ("off", None),
     "noop": ("noop", None),
     "ngram": ("ngram", None),
     "suffix": ("suffix", None),
-    "sam": ("sam", {"group_sharing": False, "cross_epoch": False}),
+    "sam": ("sam", {}),
+    "sam-own": ("sam", {"group_sharing": False, "cross_epoch": False}),
     "sam+group": ("sam", {"group_sharing": True, "cross_epoch": False}),
     "sam+group+epoch": ("sam", {"group_sharing": True, "cross_epoch": True}),
+    "mtp": ("mtp", None),
+    "hybrid": ("hybrid", {}),
 }
+HEAD_MODES = ("mtp", "hybrid")  # modes that need a checkpoint with an MTP layer (--head)
 
 
 class NoDraftProposer:
@@ -108,12 +114,12 @@ def parse_mode(
             elif letter == "s" and K_BY_BATCH_KEY in VLLM_METHOD_KEYS.get(method, ()):
                 batch, k_above = (int(v) for v in value.split("x"))
                 above = (batch, k_above)
-            elif letter in SAM_MODE_OPTIONS and method == "sam":
+            elif letter in SAM_MODE_OPTIONS and method in ("sam", "hybrid"):
                 key, kind = SAM_MODE_OPTIONS[letter]
                 opts[key] = kind(value)
             else:
                 return None
-        if gate and method != "sam":
+        if gate and method not in ("sam", "hybrid"):
             return None
         gate_value = int(gate) if gate else default_gate
     except ValueError:
@@ -123,7 +129,7 @@ def parse_mode(
         batch, k_above = above
         schedule = [[1, batch, k], [batch + 1, EngineOptions().max_num_seqs, k_above]]
         k = max(k, k_above)
-    if method != "sam":
+    if method not in ("sam", "hybrid"):
         return method, k, None, schedule
     return method, k, {**sam_defaults["sam"], "batch_threshold": gate_value, **opts, **sam_opts}, schedule
 
@@ -152,7 +158,7 @@ def mode_defaults() -> dict:
     sam_cfg = spec_group("sam")
     return {
         "sam": OmegaConf.to_container(sam_cfg.sam),
-        "k": {m: spec_group(m).num_speculative_tokens for m in ("ngram", "suffix", "sam")}
+        "k": {m: spec_group(m).num_speculative_tokens for m in ("ngram", "suffix", "sam", "mtp", "hybrid")}
         | {"noop": sam_cfg.num_speculative_tokens},
     }
 
@@ -167,14 +173,20 @@ def mode_engine(
     memory_share: float | None = None,
 ):
     """A vLLM engine for one parsed mode (:func:`parse_mode`'s result), kept whole between rollouts."""
+    from omegaconf import OmegaConf
+
+    from recipe.dapo.config import spec_group
     from recipe.dapo.rollout import RolloutEngine
     from recipe.engine import EngineOptions
 
+    extra = {"sam": sam_opts} if sam_opts else None
+    if method == "hybrid":
+        extra["hybrid"] = OmegaConf.to_container(spec_group("hybrid").hybrid)
     return RolloutEngine(
         str(ckpt),
         engine_spec(method, k, schedule),
         EngineOptions(max_model_len=1024, seed=0, dtype=dtype, gpu_memory_utilization=memory_share),
-        {"sam": sam_opts} if sam_opts else None,
+        extra,
         free_cache_engine=False,
     )
 
@@ -258,6 +270,38 @@ def drafter_ms(before: np.ndarray | None, after: np.ndarray | None) -> dict[str,
     }
 
 
+def _sent_on_worker(worker) -> list | None:
+    """Runs in a vLLM worker: the hybrid drafter's draft tokens sent by source and scheduled rows (None otherwise)."""
+    sent = getattr(worker.model_runner.drafter, "sent_by_rows", None)
+    return None if sent is None else sent.tolist()
+
+
+def drafted_by_source(engine) -> np.ndarray | None:
+    """[source (head, SAM), scheduled rows]: draft tokens a hybrid engine sent so far (None for other drafters)."""
+    sent = engine.llm.collective_rpc(_sent_on_worker)[0]
+    return None if sent is None else np.asarray(sent, dtype=float)
+
+
+def head_shares(before: np.ndarray | None, after: np.ndarray | None) -> dict[str, float]:
+    """A hybrid rollout's share of draft tokens from the MTP head, over the rollout (``head_share``) and per band of
+    scheduled rows (``head_share_<lo>_<hi>``; NaN: no draft there, or not a hybrid): which source drafted where."""
+    from recipe.dapo.timeline import ACTIVE_BANDS
+
+    keys = ["head_share", *(head_share_key(*lohi) for lohi in ACTIVE_BANDS)]
+    if before is None or after is None:
+        return {}
+    head, sam = after - before
+    spans = [slice(0, None), *(slice(lo, hi + 1) for lo, hi in ACTIVE_BANDS)]
+    return {
+        key: head[span].sum() / (head[span].sum() + sam[span].sum()) if head[span].sum() + sam[span].sum() else math.nan
+        for key, span in zip(keys, spans, strict=True)
+    }
+
+
+def head_share_key(lo: int, hi: int) -> str:
+    return band_key(lo, hi).replace("tok_s_active", "head_share")
+
+
 def drafter_band_key(lo: int, hi: int) -> str:
     return band_key(lo, hi).replace("tok_s_active", "drafter_ms")
 
@@ -265,23 +309,33 @@ def drafter_band_key(lo: int, hi: int) -> str:
 def drafter_ms_table(runs: dict[str, list[dict]]) -> list[str]:
     """Markdown: each SAM mode's own ms per engine step in each band of scheduled rows, the median over its rollouts
     with steps in the band (-: none)."""
-    from recipe.dapo.timeline import ACTIVE_BANDS
-
-    keys = [drafter_band_key(*lohi) for lohi in ACTIVE_BANDS]
-    lines = []
-    for name, summaries in runs.items():
-        values = [np.array([s.get(key, math.nan) for s in summaries], dtype=float) for key in keys]
-        if not any(np.isfinite(v).any() for v in values):
-            continue  # no SAM drafter, or rollouts logged without it
-        cells = [f"{np.nanmedian(v):.3f}" if np.isfinite(v).any() else "-" for v in values]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    if not lines:
-        return []
     caption = (
         "The drafter's own ms per engine step by scheduled requests (median over the rollouts with steps in the band; "
         "inside the step time; -: none):"
     )
-    return band_table_head(caption) + lines
+    return _band_median_table(runs, drafter_band_key, caption, "{:.3f}")
+
+
+def head_share_table(runs: dict[str, list[dict]]) -> list[str]:
+    """Markdown: each hybrid mode's share of draft tokens from the MTP head (the rest SAM's) in each band of scheduled
+    rows, the median over its rollouts that drafted there (-: no draft)."""
+    caption = "Hybrid: the MTP head's share of the draft tokens sent, by scheduled requests (the rest SAM's; -: none):"
+    return _band_median_table(runs, head_share_key, caption, "{:.2f}")
+
+
+def _band_median_table(runs: dict[str, list[dict]], key_of, caption: str, fmt: str) -> list[str]:
+    """Markdown: per mode that logged ``key_of(lo, hi)`` for some band, the median over its rollouts in each band."""
+    from recipe.dapo.timeline import ACTIVE_BANDS
+
+    keys = [key_of(*lohi) for lohi in ACTIVE_BANDS]
+    lines = []
+    for name, summaries in runs.items():
+        values = [np.array([s.get(key, math.nan) for s in summaries], dtype=float) for key in keys]
+        if not any(np.isfinite(v).any() for v in values):
+            continue  # the mode's drafter does not log it
+        cells = [fmt.format(np.nanmedian(v)) if np.isfinite(v).any() else "-" for v in values]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return band_table_head(caption) + lines if lines else []
 
 
 def band_table_head(caption: str) -> list[str]:
@@ -648,6 +702,12 @@ def main() -> None:
     )
     parser.add_argument("--out", default=None, help="default results/sam (embedded model) or results/real")
     parser.add_argument(
+        "--head",
+        default=None,
+        help="with mtp or hybrid modes: the checkpoint with the model's MTP head every mode then runs on (default: the "
+        "embedded model's own, or artifacts/models/<model>-mtp from make mtp-head)",
+    )
+    parser.add_argument(
         "--pairs-from",
         type=Path,
         nargs="+",
@@ -671,6 +731,17 @@ def main() -> None:
 
     ckpt, ids, dtype = rollout_inputs(args.model, 2 * args.prompts)
     dtype = args.dtype or dtype
+    if any(name.partition("#")[0].partition("/")[0] in HEAD_MODES for name in args.modes.split(",")):
+        from mtp.checkpoint import has_mtp_layer
+        from recipe.models import CACHE_DIR
+
+        # every mode runs on the head's checkpoint (the same trunk), so that all of them sample the same model
+        head = Path(args.head) if args.head else (ckpt if args.model is None else CACHE_DIR / f"{ckpt.name}-mtp")
+        if not has_mtp_layer(head):
+            parser.error(
+                f"--modes {args.modes}: {head} has no MTP layer (make mtp-head builds SmolLM2's; or --head DIR)"
+            )
+        ckpt = head
     # held-out prompts as they come (embedded task: term counts are Pareto-distributed, so a few long traces make the
     # long tail; word problems: the model rambles to the budget on some samples)
     warm, prompts = ids[: args.prompts], ids[args.prompts : 2 * args.prompts]
@@ -703,10 +774,11 @@ def main() -> None:
         for name in names[rep % len(names) :] + names[: rep % len(names)]:
             engine = engines[name]
             engine.reseed(args.seed + rep)  # every mode's rollout of a repeat draws from the same sampler seed
-            busy = engine.drafter_busy()
+            busy, sent = engine.drafter_busy(), drafted_by_source(engine)
             result = engine.generate(prompts, args.n, sampling)
             s = result.timeline.summary(args.tail)
             s.update(drafter_ms(busy, engine.drafter_busy()))
+            s.update(head_shares(sent, drafted_by_source(engine)))
             s.update(rollout_band_speeds(result.timeline))
             runs[name].append(s)
             timelines[name].append(result.timeline)
@@ -774,6 +846,7 @@ def main() -> None:
     lines += same_token_pairs(runs)
     lines += rival_pairs(runs)
     lines += drafter_ms_table(runs)
+    lines += head_share_table(runs)
     (out / "rollout_e2e.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from recipe.dapo.config import ConfigError, check_overrides, resolve_device, validate, verl_config
 from recipe.dapo.report import run_summary
-from recipe.engine import UnsupportedVLLMError, check_vllm_version
+from recipe.engine import HEAD_METHODS, UnsupportedVLLMError, check_vllm_version
 from recipe.paths import CONFIG_DIR
 
 
@@ -100,7 +100,7 @@ def run(cfg: DictConfig) -> list[dict] | DictConfig:
     model, train, val = resolve_inputs(cfg)
     if cfg.backend == "local":
         require_local_trainable(model)
-    if str(cfg.spec.method) == "mtp":
+    if str(cfg.spec.method) in HEAD_METHODS:
         require_mtp_layer(model)
     verl_cfg = verl_config(cfg, model, train, val, resolve_device(str(cfg.trainer.device)))
     if cfg.backend == "verl":

@@ -20,7 +20,7 @@ from mtp import (
     MTP_OBJECTIVES,
     MTP_VOCAB_TOPK_KEY,
 )
-from recipe.engine import K_BY_BATCH_KEY, SPEC_METHODS
+from recipe.engine import HEAD_METHODS, K_BY_BATCH_KEY, SAM_METHODS, SPEC_METHODS
 from recipe.paths import REPO_ROOT
 
 RECIPE_GROUPS = ("backend", "spec", "recipe")  # top-level keys that are the recipe's, not veRL's
@@ -60,7 +60,7 @@ def validate(cfg: DictConfig) -> None:
             )
         except ValueError as err:
             raise ConfigError(f"spec.{K_BY_BATCH_KEY}: {err}") from err
-    if spec.method == "mtp":
+    if spec.method in HEAD_METHODS:
         _require(
             spec.mtp.train in ("frozen", "online"),
             "spec.mtp.train",
@@ -181,13 +181,23 @@ def validate(cfg: DictConfig) -> None:
             "suffix needs Arctic Inference's suffix trees: make install-suffix (builds arctic-inference 0.3.0 from "
             "source; the gpu extra installs it)",
         )
-    if spec.method == "sam":
+    if spec.method in SAM_METHODS:
         from sam.policy import SAMOptions
 
         try:
             SAMOptions.from_dict(dict(spec.sam))
         except (TypeError, ValueError) as e:
             raise ConfigError(f"spec.sam: {e}") from e
+    if spec.method == "hybrid":
+        _require(
+            spec.sam.payoff,
+            "spec.sam.payoff",
+            "must be true for spec=hybrid: the payoff rule picks each draft's source",
+        )
+        prior = spec.hybrid.head_acceptance
+        _require(
+            prior is None or 0 <= prior <= 1, "spec.hybrid.head_acceptance", f"must be null or in [0, 1], got {prior}"
+        )
 
     _require(
         cfg.backend == "verl" or not cfg.actor_rollout_ref.model.lora_rank,
@@ -198,7 +208,7 @@ def validate(cfg: DictConfig) -> None:
     data = cfg.data
     for key in ("train_batch_size", "gen_batch_size", "max_prompt_length", "max_response_length"):
         _require(data[key] >= 1, f"data.{key}", f"must be >= 1, got {data[key]}")
-    if spec.method == "sam" and spec.sam.cross_epoch:
+    if spec.method in SAM_METHODS and spec.sam.cross_epoch:
         from sam.policy import stored_tokens
 
         # a history keeps whole responses: a bound under one full-length response would silently keep nothing
@@ -364,11 +374,21 @@ def check_overrides(cfg: DictConfig, overrides: list[str], defaults: DictConfig,
     return warnings
 
 
+def _load_spec_option(name: str) -> DictConfig:
+    """configs/spec/<name>.yaml with the options its defaults list names merged first, as Hydra composes it."""
+    own = OmegaConf.load(REPO_ROOT / "configs" / "spec" / f"{name}.yaml")
+    defaults = own.pop("defaults", [])
+    group = OmegaConf.create()
+    for entry in defaults:
+        group = OmegaConf.merge(group, own if entry == "_self_" else _load_spec_option(str(entry)))
+    return group if "_self_" in defaults else OmegaConf.merge(group, own)
+
+
 def spec_group(method: str, **overrides: object) -> DictConfig:
     """The ``spec`` group of ``method`` as configs/spec/<method>.yaml sets it (for scripts that build engines
     outside a run), with ``overrides``."""
     _require(method in SPEC_METHODS, "spec.method", f"must be one of {SPEC_METHODS}, got {method!r}")
-    group = OmegaConf.load(REPO_ROOT / "configs" / "spec" / f"{method}.yaml")
+    group = _load_spec_option(method)
     for key, value in overrides.items():
         OmegaConf.update(group, key, value)
     return group
@@ -388,7 +408,14 @@ def spec_overrides(spec: DictConfig) -> dict[str, object]:
         if additional:
             out[f"{vllm}.additional_config"] = additional
         return out
+    # MTP drafting: veRL builds the speculative config from model.mtp (method, K) and merges engine_kwargs' over it
+    speculative, additional = spec_from_config(spec)
+    vllm_keys = {k: v for k, v in speculative.items() if k not in ("method", "num_speculative_tokens")}
+    engine = {f"+actor_rollout_ref.rollout.engine_kwargs.vllm.speculative_config.{k}": v for k, v in vllm_keys.items()}
+    if additional:
+        engine["+actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config"] = additional
     return {
+        **engine,
         "actor_rollout_ref.model.mtp.enable": True,
         "actor_rollout_ref.model.mtp.enable_rollout": True,
         "actor_rollout_ref.model.mtp.enable_train": spec.mtp.train == "online",

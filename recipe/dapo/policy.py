@@ -28,6 +28,7 @@ from mtp.loss import (
 )
 from mtp.model import MiMoForCausalLM, MiMoOutput, SharedPrompts, shared_prompts
 from recipe.dapo.timeline import timed
+from recipe.engine import HEAD_METHODS
 
 if TYPE_CHECKING:
     from verl import DataProto
@@ -317,11 +318,11 @@ class Actor:
 
         self.cfg = cfg
         self.spec_method = str(cfg.spec.method)
-        self.mtp_online = self.spec_method == "mtp" and cfg.spec.mtp.train == "online"
+        self.mtp_online = self.spec_method in HEAD_METHODS and cfg.spec.mtp.train == "online"
         self.head_trains_on_dropped = self.mtp_online and bool(cfg.spec.mtp.train_on_dropped_groups)
         # only spec=mtp configs carry spec.mtp (a frozen head logs its loss under the same objective)
-        self.mtp_objective = str(cfg.spec.mtp.objective) if self.spec_method == "mtp" else "sampled"
-        self.mtp_vocab_topk = int(cfg.spec.mtp.loss_vocab_topk) if self.spec_method == "mtp" else 0
+        self.mtp_objective = str(cfg.spec.mtp.objective) if self.spec_method in HEAD_METHODS else "sampled"
+        self.mtp_vocab_topk = int(cfg.spec.mtp.loss_vocab_topk) if self.spec_method in HEAD_METHODS else 0
         # the rollout hands the left-out rows' teacher over with their trunk states: the shortlist and the normaliser
         # (head_loss_rows), so the head's steps on them never run the LM head over the whole vocabulary
         self.rollout_teacher_topk = self.mtp_vocab_topk if self.head_trains_on_dropped else 0
@@ -336,7 +337,9 @@ class Actor:
         # global norm the MTP loss would scale the policy's step whenever clipping is active (most steps)
         self.policy_params = [p for p in self.policy.parameters() if p.requires_grad and id(p) not in head]
         actor = cfg.actor_rollout_ref.actor
-        head_lr = cfg.spec.mtp.lr if self.spec_method == "mtp" and cfg.spec.mtp.lr is not None else actor.optim.lr
+        head_lr = (
+            cfg.spec.mtp.lr if self.spec_method in HEAD_METHODS and cfg.spec.mtp.lr is not None else actor.optim.lr
+        )
         self.optimizer = torch.optim.AdamW(
             [{"params": self.policy_params}]
             + ([{"params": self.mtp_params, "lr": head_lr}] if self.mtp_online else []),
@@ -423,7 +426,7 @@ class Actor:
         head_metrics: dict[str, list[float]] = {}
         # a frozen head's loss and top-1 accuracy on this step's responses come from the no-grad old-log-prob
         # forward; an online head reports them from its training forward in the update below
-        frozen_head = self.spec_method == "mtp" and not self.mtp_online
+        frozen_head = self.spec_method in HEAD_METHODS and not self.mtp_online
         with timed(timing, "old_log_prob"):
             olds = []
             for i in range(0, len(batch), micro):

@@ -19,7 +19,7 @@ import torch
 
 from recipe.dapo.timeline import RolloutTimeline
 from recipe.data.loader import Problem
-from recipe.engine import EngineOptions, make_llm, on_gpu, spec_counters, spec_from_config
+from recipe.engine import SAM_PROPOSER_CLASS, EngineOptions, make_llm, on_gpu, spec_counters, spec_from_config
 from recipe.evaluate import EvalResult, evaluate
 
 logger = logging.getLogger(__name__)
@@ -172,6 +172,8 @@ class Rollout(Protocol):
 
     def load_drafter_state(self, blob: bytes) -> None: ...
 
+    def draft_counts(self) -> dict[str, tuple[int, int]]: ...
+
     def close(self) -> None: ...
 
 
@@ -275,6 +277,16 @@ def _drafter_busy_on_worker(worker) -> np.ndarray | None:
     return None if busy is None else busy.copy()
 
 
+def _draft_counts_on_worker(worker) -> dict[str, list[int]] | None:
+    """Runs in a vLLM worker: the hybrid drafter's draft tokens sent and accepted by source (None for others)."""
+    drafter = getattr(worker.model_runner, "drafter", None)
+    if not hasattr(drafter, "accepted") or not hasattr(drafter, "sent_by_rows"):
+        return None
+    from sam.hybrid import SOURCES
+
+    return {s: [int(drafter.drafted[i]), int(drafter.accepted[i])] for i, s in enumerate(SOURCES)}
+
+
 def _drafter_state_on_worker(worker, blob: bytes | None = None) -> bytes | None:
     """Runs in a vLLM worker: get (``blob=None``) or set the drafter's cross-rollout memory, as one pickled blob
     (vLLM's RPC turns nested bytes into memoryviews it cannot forward to workers): SAM's per-prompt history, or
@@ -283,10 +295,11 @@ def _drafter_state_on_worker(worker, blob: bytes | None = None) -> bytes | None:
     from sam.vllm import SAMProposer
 
     drafter = getattr(worker.model_runner, "drafter", None)
-    if isinstance(drafter, SAMProposer):
+    sam = getattr(drafter, "sam", drafter)  # spec=hybrid: the MTP drafter's SAM (sam/hybrid.py)
+    if isinstance(sam, SAMProposer):
         if blob is None:
-            return pickle.dumps(drafter.state_dict())
-        drafter.load_state_dict(pickle.loads(blob))
+            return pickle.dumps(sam.state_dict())
+        sam.load_state_dict(pickle.loads(blob))
         return None
     cache = getattr(drafter, "suffix_cache", None)
     if type(cache).__name__ == "RecordedSuffixCache":  # not imported here: Arctic Inference is optional
@@ -469,6 +482,19 @@ class RolloutEngine:
         """The drafter's [seconds proposing, calls] so far in this engine, by the step's scheduled rows (SAM only;
         None for other methods)."""
         return self.llm.collective_rpc(_drafter_busy_on_worker)[0]
+
+    def draft_counts(self) -> dict[str, tuple[int, int]]:
+        """Draft tokens sent and accepted so far in this engine, by draft source (the hybrid's head and SAM; else the
+        one method): what the acceptance canary (recipe/dapo/canary.py) compares across weight syncs."""
+        by_source = self.llm.collective_rpc(_draft_counts_on_worker)[0]
+        if by_source is not None:
+            return {source: tuple(counts) for source, counts in by_source.items()}
+        if self.spec_config is None:
+            return {}
+        c = spec_counters(self.llm)
+        method = self.spec_config["method"]
+        name = "sam" if self.spec_config.get("model") == SAM_PROPOSER_CLASS else method
+        return {name: (c.num_draft_tokens, c.num_accepted_tokens)}
 
     def load_drafter_state(self, blob: bytes) -> None:
         saved = pickle.loads(blob)

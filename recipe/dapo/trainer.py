@@ -31,6 +31,7 @@ from recipe.dapo.batch import (
     select_groups,
     spread_rows,
 )
+from recipe.dapo.canary import AcceptanceCanary
 from recipe.dapo.data import PromptStream, load_prompts
 from recipe.dapo.drift import DriftProbe, load_or_sample_probe
 from recipe.dapo.policy import Actor
@@ -95,6 +96,7 @@ class DAPOTrainer:
         self.sampling = {"temperature": ro.temperature, "top_p": ro.top_p, "max_tokens": data.max_response_length}
         self.global_step = 0
         self.tracking = None  # veRL's Tracking, made in fit once the step it starts at is known
+        self.canary = AcceptanceCanary()  # each draft source's acceptance across weight syncs
 
     # -- set-up ---------------------------------------------------------------------------------------
 
@@ -180,6 +182,7 @@ class DAPOTrainer:
         want = cfg.data.train_batch_size
         metric = str(fg.metric)
         kept_batch, kept, left_out = None, 0, []
+        drafts_before = self.engine.draft_counts()
         rounds: list[dict] = []
         scores_all = []
         while True:
@@ -247,6 +250,16 @@ class DAPOTrainer:
             for key in ROLLOUT_TEACHER_KEYS:
                 kept_batch.non_tensor_batch.pop(key, None)
         stats = self._round_metrics(rounds, np.concatenate(scores_all))
+        drafts = self.engine.draft_counts()  # the step's rollouts, all after the sync that ended the step before
+        stats.update(
+            self.canary.check(
+                self.global_step,
+                {
+                    s: (d - drafts_before.get(s, (0, 0))[0], a - drafts_before.get(s, (0, 0))[1])
+                    for s, (d, a) in drafts.items()
+                },
+            )
+        )
         if not left_out:
             return kept_batch, None, stats
         left_out = DataProto.concat(left_out)

@@ -28,6 +28,7 @@ def samples(harness_model):
         "suffix": sample_vllm(model, "suffix", SETTINGS, N, MAX_TOKENS, seed=7),
         "sam": sample_vllm(model, "sam", SETTINGS, N, MAX_TOKENS, seed=3),
         "mtp": sample_vllm(model, "mtp", SETTINGS, N, MAX_TOKENS, seed=4),
+        "hybrid": sample_vllm(model, "hybrid", SETTINGS, N, MAX_TOKENS, seed=8),
         "ngram_unpatched": sample_vllm(model, "ngram", SETTINGS[:1], N, MAX_TOKENS, seed=5, patch=False),
     }
     hf = {s.name: sample_hf(model, s, N, MAX_TOKENS, seed=6) for s in SETTINGS}
@@ -48,12 +49,15 @@ def test_harness_has_power_against_a_biased_sampler(samples):
     assert compare(biased, runs["off"][SETTINGS[0].name]).p_value < ALPHA
 
 
-@pytest.mark.parametrize("method", ["ngram", "suffix", "sam", "mtp"])
+@pytest.mark.parametrize("method", ["ngram", "suffix", "sam", "mtp", "hybrid"])
 def test_speculative_sampling_is_lossless(samples, method):
     runs, hf = samples
     for s in SETTINGS:
         drafts, drafted, accepted = runs[method][s.name + "_accepted"]
         assert drafts > 1000 and accepted > 1000, (method, s, drafts, drafted, accepted)  # drafting really ran
+        if method == "hybrid":  # both sources drafted, so batches mixed sampled head drafts with SAM's point masses
+            head, sam = runs[method][s.name + "_sources"]
+            assert head > 1000 and sam > 1000, (s, head, sam)
         vs_off, vs_hf = compare(runs[method][s.name], runs["off"][s.name]), compare(runs[method][s.name], hf[s.name])
         assert vs_off.p_value > ALPHA and vs_hf.p_value > ALPHA, (method, s, vs_off, vs_hf)
 
@@ -66,7 +70,7 @@ def test_without_the_plugin_cpu_speculation_is_biased(samples):
     assert compare(runs["ngram_unpatched"][s.name], hf[s.name]).p_value < ALPHA
 
 
-@pytest.mark.parametrize("method", ["ngram", "suffix", "sam", "mtp"])
+@pytest.mark.parametrize("method", ["ngram", "suffix", "sam", "mtp", "hybrid"])
 def test_greedy_is_token_identical(samples, method):
     runs, _ = samples
     np.testing.assert_array_equal(runs[method]["greedy"], runs["off"]["greedy"])

@@ -26,6 +26,23 @@ def test_a_tagged_mode_parses_as_the_mode_it_tags() -> None:
     assert bench_rollout.parse_mode("offf#2", 8, defaults) is None
 
 
+def test_modes_named_for_the_spec_option_run_it_as_configs_spec_sets_it() -> None:
+    """``sam``, ``mtp``, ``hybrid``: what spec=<mode> runs (the default SAM drafts from siblings and earlier epochs too);
+    a hybrid takes SAM's letters."""
+    from omegaconf import OmegaConf
+
+    from recipe.dapo.config import spec_group
+
+    defaults = bench_rollout.mode_defaults()
+    sam = OmegaConf.to_container(spec_group("sam").sam)
+    assert bench_rollout.parse_mode("sam", 256, defaults) == ("sam", 6, {**sam, "batch_threshold": 256}, None)
+    assert bench_rollout.parse_mode("sam", 256, defaults) == bench_rollout.parse_mode("sam+group+epoch", 256, defaults)
+    assert bench_rollout.parse_mode("sam-own", 256, defaults)[2]["group_sharing"] is False
+    assert bench_rollout.parse_mode("mtp", 256, defaults) == ("mtp", 1, None, None)
+    method, k, opts, _ = bench_rollout.parse_mode("hybrid/k4/y1", 256, defaults)
+    assert (method, k, opts["payoff"], opts["cross_epoch"]) == ("hybrid", 4, True, True)
+
+
 def test_same_token_pairs_compare_only_repeats_that_sampled_alike_and_rebuild_from_a_log(tmp_path) -> None:
     """A mode is paired with each spec-off engine only where both sampled as many tokens in a repeat; a run's printed
     lines rebuild the same table."""

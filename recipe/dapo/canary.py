@@ -1,0 +1,60 @@
+"""Acceptance canary: after every weight sync, each draft source's acceptance is compared with its level before.
+
+The failure it watches for is one vLLM and veRL users report: the MTP head's weights not reaching the engine after a
+sync (veRL's FSDP actor dropping ``model.mtp_layers.*``; a drafter left with dummy weights). The rollout stays
+lossless, so nothing else notices: drafts are merely rejected, and the speed-up is silently gone. A source whose
+acceptance over the rollouts after a sync falls below its level before by more than chance explains (a one-sided
+binomial test on its draft tokens, at :data:`ALPHA`, and by at least :data:`MIN_FALL` of the level, since draft tokens
+are not independent and the policy's own drift moves acceptance a little every step) logs a warning naming the
+source and the step; ``rollout/canary_<source>_*`` metrics record every check.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from scipy.stats import binom
+
+logger = logging.getLogger(__name__)
+
+ALPHA = 1e-4  # the chance of a false alarm per source and step, were draft tokens independent
+MIN_FALL = 0.3  # ... and the fall must be at least this share of the level before
+MIN_DRAFTS = 50  # draft tokens a source needs, before and after, to be checked
+SYNCED_SOURCES = ("mtp",)  # the sources whose drafts come from synced weights: only their fall can be a broken sync.
+# A model-free source's acceptance is reported too, but its fall is the text's or, in the hybrid, the rows the head
+# left to it (a broken head hands SAM its harder rows: SAM's acceptance fell by a third when the head broke)
+LEVEL_DECAY = 0.5  # the level before: earlier steps' counts, each step's weighed this much less than the next's
+
+
+class AcceptanceCanary:
+    """Per draft source, the acceptance level of the rollouts before each sync, and the check of the ones after."""
+
+    def __init__(self) -> None:
+        self.level: dict[str, list[float]] = {}  # source -> [draft tokens, accepted], decayed
+
+    def check(self, step: int, counts: dict[str, tuple[int, int]]) -> dict[str, float]:
+        """``counts``: per source, the draft tokens sent and accepted in step ``step``'s rollouts (after the sync that
+        ended the step before). Returns the step's canary metrics and updates the levels."""
+        metrics: dict[str, float] = {}
+        for source, (drafted, accepted) in sorted(counts.items()):
+            level = self.level.get(source)
+            if drafted >= MIN_DRAFTS and level is not None and level[0] >= MIN_DRAFTS:
+                before = level[1] / level[0]
+                after = accepted / drafted
+                p_value = float(binom.cdf(accepted, drafted, before))  # so few acceptances at the level before
+                fell = p_value < ALPHA and after < (1.0 - MIN_FALL) * before and source in SYNCED_SOURCES
+                prefix = f"rollout/canary_{source}"
+                metrics.update(
+                    {f"{prefix}_acceptance": after, f"{prefix}_level_before": before, f"{prefix}_fell": float(fell)}
+                )
+                if fell:
+                    logger.warning(
+                        "acceptance canary: step %d, %s drafts accepted %.3f (%d of %d draft tokens) after the weight "
+                        "sync, %.3f before (p = %.1g): check that the sync reached the drafter (an MTP head the sync "
+                        "skipped keeps its old or dummy weights)",
+                        step, source, after, accepted, drafted, before, p_value,
+                    )  # fmt: skip
+            if drafted:
+                old = level or [0.0, 0.0]
+                self.level[source] = [LEVEL_DECAY * old[0] + drafted, LEVEL_DECAY * old[1] + accepted]
+        return metrics

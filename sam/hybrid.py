@@ -1,0 +1,311 @@
+"""SAM and the model's MTP head in one vLLM engine (``spec=hybrid``): per request and per step, the head's draft,
+SAM's draft or none, whichever the payoff rule (:mod:`sam.payoff`) expects to gain most at the step's batch size,
+verified in one pass.
+
+vLLM runs one speculative method per engine. The engine here runs vLLM's own MTP drafter (``method: mtp``, with
+``disable_padded_drafter_batch`` so that it drafts after the step's bookkeeping, when vLLM's token history holds the
+step's tokens, as a ``custom_class`` proposer sees them), and :func:`become_hybrid` (called by
+:mod:`sam.runner_hook` once the model runner exists, where ``additional_config`` has a ``hybrid`` entry) turns that
+drafter into a :class:`HybridProposer`: the same object, its class a subclass of vLLM's, so that every path of the
+runner that expects an MTP drafter still finds one. Each step:
+
+1. SAM (:class:`HybridSAM`, SAM's proposer) takes the step's tokens and finds its drafts as ``spec=sam`` does; its
+   payoff cut also weighs, for every row, one draft token from the head at that request's learned acceptance
+   (:class:`HeadAcceptance`) and the head's sampling cost (its LM head over the batch, timed in this engine), and
+   keeps whichever cut yields more tokens per second: SAM's drafts alone, per row the better source, or nothing.
+2. The head's layer runs over the step's tokens every step (its own KV cache must hold every position for its later
+   drafts); it samples a draft (the LM head, most of its cost) only on steps where a row takes the head's draft.
+3. Each row sends one source's draft. A sampled head draft keeps its probabilities; SAM's are point masses
+   (:class:`RowDraftProbs`): vLLM's rejection sampler verifies both in one batch, losslessly.
+
+The head's time is kept out of the step time SAM's step cost learns from (the payoff rule prices it separately).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from vllm.v1.spec_decode.eagle import EagleProposer
+
+from sam.payoff import payoff_cut
+from sam.vllm import SAMProposer
+
+logger = logging.getLogger(__name__)
+
+ACCEPTANCE_FILE = "acceptance.json"  # written next to a head by recipe/mtp_head.py: its held-out acceptance
+HEAD_PRIOR_WEIGHT = 8.0  # the engine-wide head acceptance's prior, in drafts; a request's own, shrunk towards it
+REQUEST_PRIOR_WEIGHT = 4.0
+HEAD_MEMORY = 0.998  # each draft's weight in the engine-wide acceptance decays by this per later draft (~500 drafts)
+SOURCES = ("mtp", "sam")  # where a row's draft came from: the head, SAM (the names of the per-source metrics)
+HEAD, SAM = 0, 1
+DEFAULT_HEAD_ACCEPTANCE = 0.25  # prior for a head with no recorded acceptance: pessimistic, so that it must earn its
+# drafts in the tail first
+
+
+def recorded_acceptance(model_dir: str | Path, draft_sample_method: str) -> float | None:
+    """The held-out acceptance ``recipe.mtp_head`` recorded next to the head (``acceptance.json``) for the way it
+    drafts (probabilistic or greedy), or None."""
+    path = Path(model_dir) / ACCEPTANCE_FILE
+    if not path.is_file():
+        return None
+    recorded = json.loads(path.read_text())
+    value = recorded.get("probabilistic" if draft_sample_method == "probabilistic" else "greedy")
+    return None if value is None else float(value)
+
+
+class HeadAcceptance:
+    """The chance that the head's draft is accepted: engine-wide (prior: the recorded held-out acceptance) and per
+    request (shrunk towards the engine-wide one), counted from the drafts it sent."""
+
+    def __init__(self, prior: float) -> None:
+        self.prior = prior
+        self.drafts = 0.0
+        self.accepted = 0.0
+        self.by_request: dict[str, list[int]] = {}  # request id -> [drafts, accepted]
+
+    @property
+    def engine_wide(self) -> float:
+        return (self.accepted + HEAD_PRIOR_WEIGHT * self.prior) / (self.drafts + HEAD_PRIOR_WEIGHT)
+
+    def chances(self, req_ids: list[str]) -> np.ndarray:
+        mean = self.engine_wide
+        out = np.full(len(req_ids), mean)
+        for r, rid in enumerate(req_ids):
+            counts = self.by_request.get(rid)
+            if counts is not None:
+                out[r] = (counts[1] + REQUEST_PRIOR_WEIGHT * mean) / (counts[0] + REQUEST_PRIOR_WEIGHT)
+        return out
+
+    def observe(self, rid: str, accepted: bool) -> None:
+        counts = self.by_request.setdefault(rid, [0, 0])
+        counts[0] += 1
+        counts[1] += int(accepted)
+        # engine-wide, recent drafts weigh most: a weight sync or the policy's drift moves the head's acceptance
+        self.drafts = HEAD_MEMORY * self.drafts + 1
+        self.accepted = HEAD_MEMORY * self.accepted + int(accepted)
+
+    def forget(self, live: set[str]) -> None:
+        """Drop the counts of requests that left (called now and then: a rollout's ids are not reused)."""
+        self.by_request = {rid: c for rid, c in self.by_request.items() if rid in live}
+
+
+class HybridSAM(SAMProposer):
+    """SAM's proposer whose payoff cut also weighs a one-token head draft for every row (:meth:`_cut`).
+
+    The hybrid sets :attr:`head_chance` (per row) and :attr:`head_row_seconds` before each :meth:`propose`, and reads
+    :attr:`head_rows` (the rows that take the head's draft) after it."""
+
+    def __init__(self, vllm_config, *args, **kwargs) -> None:
+        super().__init__(vllm_config, *args, **kwargs)
+        self.head_chance: np.ndarray | None = None
+        self.head_row_seconds = 0.0  # what sampling the head costs per row of the step
+        self.head_rows = np.zeros(0, dtype=bool)
+
+    def _head_usable(self, rows: int) -> bool:
+        return self.head_chance is not None and self.head_chance.size == rows and rows > 0
+
+    def _nothing_can_pay(self, rows: int) -> bool:
+        """SAM's bound (:meth:`SAMProposer._nothing_can_pay`), and no head draft can pay either: one token at the
+        best row's chance, less its price, against the switch to verification and the head's sampling."""
+        if not super()._nothing_can_pay(rows):
+            return False
+        if not self._head_usable(rows) or not self.step_cost.known:
+            return True
+        a, b, c, e, f = self.step_cost.coef.tolist()
+        margin = self.options.payoff_margin
+        plain = max(a + b * rows, 1e-12)
+        token_cost = (1.0 + margin) * rows * c / plain
+        switch = (1.0 + margin) * (1.0 + (e + (f + self.head_row_seconds) * rows) / plain) - 1.0
+        return float(self.head_chance.max()) - token_cost <= switch
+
+    def _pay(self, rows: int, slots, drafts, lengths, group, mlen, level, idle: bool) -> np.ndarray:
+        self.head_rows = np.zeros(rows, dtype=bool)
+        lengths = super()._pay(rows, slots, drafts, lengths, group, mlen, level, idle)
+        self._last_drafted += int(self.head_rows.sum())  # verified like SAM's: the step cost learns both
+        return lengths
+
+    def _cut(self, rows: int, chances: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        """SAM's payoff cut, against a cut where each row drafts from the source whose draft gains more at the last
+        cut's token cost (the head: one token at its request's chance), the head's sampling priced per row; the
+        cut with more expected tokens per second wins. Sets :attr:`head_rows`."""
+        sam_lengths = super()._cut(rows, chances, lengths)
+        sam_token_cost = self._token_cost
+        if not self._head_usable(rows):
+            return sam_lengths
+        positions = np.arange(chances.shape[1])[None, :] < lengths[:, None]
+        sam_gain = np.where(positions, np.maximum(chances - sam_token_cost, 0.0), 0.0).sum(axis=1)
+        head = np.maximum(self.head_chance - sam_token_cost, 0.0) > sam_gain
+        if not head.any():
+            return sam_lengths
+        mixed_chances = np.where(head[:, None], 0.0, chances)
+        mixed_chances[head, 0] = self.head_chance[head]
+        mixed_lengths = np.where(head, 1, lengths)
+        cost = self.step_cost.coef.copy()
+        cost[4] += self.head_row_seconds
+        mixed, mixed_token_cost = payoff_cut(mixed_chances, mixed_lengths, rows, cost, self.options.payoff_margin)
+        head_rows = head & (mixed > 0)
+        if self._rate(rows, chances, sam_lengths, False) >= self._rate(rows, mixed_chances, mixed, head_rows.any()):
+            self._token_cost = sam_token_cost
+            return sam_lengths
+        self.head_rows = head_rows
+        self._token_cost = mixed_token_cost
+        return np.where(head, 0, mixed)
+
+    def _rate(self, rows: int, chances: np.ndarray, lengths: np.ndarray, head: bool) -> float:
+        """Expected tokens per second of a step that sends ``lengths`` of drafts with these chances."""
+        kept = np.arange(chances.shape[1])[None, :] < lengths[:, None]
+        drafted = int(lengths.sum())
+        seconds = self.step_cost.seconds(rows, drafted) + (self.head_row_seconds * rows if head else 0.0)
+        return (rows + float(chances[kept].sum())) / max(seconds, 1e-12)
+
+
+class RowDraftProbs:
+    """Draft probabilities as vLLM's runner reads them (``probs[row, :n]`` for each row that drafted): a head row's
+    are the head's sampling distribution, a SAM row's point masses on its tokens (built when read)."""
+
+    def __init__(self, head_probs: torch.Tensor, sam_drafts: dict[int, list[int]]) -> None:
+        self.head_probs = head_probs  # [rows, 1, vocab]
+        self.sam_drafts = sam_drafts
+
+    def __getitem__(self, key) -> torch.Tensor:
+        row, positions = key
+        tokens = self.sam_drafts.get(row)
+        if tokens is None:
+            return self.head_probs[row, positions]
+        tokens = tokens[positions]
+        out = self.head_probs.new_zeros((len(tokens), self.head_probs.shape[-1]))
+        out[torch.arange(len(tokens)), torch.as_tensor(tokens, dtype=torch.long)] = 1.0
+        return out
+
+
+class HybridProposer(EagleProposer):
+    """vLLM's MTP drafter that also drafts with SAM (module docstring). Made by :func:`become_hybrid`."""
+
+    sam: HybridSAM
+
+    def _init_hybrid(self, runner) -> None:
+        config = self.vllm_config
+        options = dict((getattr(config, "additional_config", None) or {}).get("hybrid") or {})
+        method = config.speculative_config.draft_sample_method
+        prior = options.get("head_acceptance")
+        if prior is None:
+            prior = recorded_acceptance(config.model_config.model, method)
+        self.head = HeadAcceptance(DEFAULT_HEAD_ACCEPTANCE if prior is None else float(prior))
+        pinned = options.get("head_cost")
+        self.head_cost = None if pinned is None else float(pinned)  # seconds per row of the head's sampling, given
+        self.sam = HybridSAM(config)
+        self.sam.attach_runner(runner)
+        self.runner = runner
+        self._sampled: list[list[int]] = []
+        self._pending: dict[str, tuple[int, int, int]] = {}  # request id -> (its token count, source, tokens) of the
+        # draft it was sent last step
+        self._head_seconds = np.zeros(2)  # mean seconds per row of the head's run: [layer only, layer + sampling]
+        self._head_runs = np.zeros(2)
+        self.drafted = np.zeros(len(SOURCES), dtype=np.int64)  # draft tokens sent, by source
+        self.accepted = np.zeros(len(SOURCES), dtype=np.int64)  # ... and accepted
+        self.head_steps = 0  # steps where the head sampled
+        self.sent_by_rows = np.zeros((len(SOURCES), int(config.scheduler_config.max_num_seqs) + 1), dtype=np.int64)
+        # draft tokens sent by source and the step's scheduled rows: which source drafted at which batch size
+
+    # what the rest of the recipe reads from a drafter: SAM's cross-rollout memory and time spent
+    @property
+    def busy(self) -> np.ndarray:
+        return self.sam.busy
+
+    def state_dict(self) -> dict:
+        return self.sam.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.sam.load_state_dict(state)
+
+    def load_model(self, *args, **kwargs) -> None:
+        super().load_model(*args, **kwargs)
+        self.sam.load_model()
+
+    def prepare_next_token_ids_cpu(self, sampled_token_ids, *args, **kwargs):
+        self._sampled = sampled_token_ids  # the step's verified tokens per row, which SAM takes
+        return super().prepare_next_token_ids_cpu(sampled_token_ids, *args, **kwargs)
+
+    def _settle(self, req_ids: list[str], num_tokens: np.ndarray) -> None:
+        """How the drafts sent last step fared: a row's tokens grew by its accepted draft tokens and one more. A
+        request not scheduled this step (preempted) drops its draft unverified."""
+        pending, self._pending = self._pending, {}
+        if not pending:
+            return
+        for r, rid in enumerate(req_ids):
+            sent = pending.get(rid)
+            if sent is not None:
+                before, source, tokens = sent
+                accepted = min(tokens, max(0, int(num_tokens[r]) - before - 1))
+                self.drafted[source] += tokens
+                self.accepted[source] += accepted
+                if source == HEAD:
+                    self.head.observe(rid, accepted > 0)
+
+    def propose(self, num_speculative_tokens, *args, **kwargs) -> list[list[int]]:
+        batch = self.runner.input_batch
+        rows = len(self._sampled)
+        req_ids = batch.req_ids[:rows]
+        num_tokens = batch.num_tokens_no_spec
+        self._settle(req_ids, num_tokens)
+        sam = self.sam
+        sam.head_chance = self.head.chances(req_ids) if num_speculative_tokens > 0 else None
+        seconds = self._head_seconds
+        if self.head_cost is not None:
+            sam.head_row_seconds = self.head_cost
+        else:
+            sam.head_row_seconds = max(0.0, seconds[1] - seconds[0]) if self._head_runs.all() else 0.0
+        sam.head_rows = np.zeros(rows, dtype=bool)
+        drafts = sam.propose(self._sampled, num_tokens, batch.token_ids_cpu)
+        head_rows = sam.head_rows if sam.head_rows.size == rows else np.zeros(rows, dtype=bool)
+        sample = bool(head_rows.any())
+        start = time.perf_counter()
+        head_tokens = super().propose(1 if sample else 0, *args, **kwargs)
+        elapsed = time.perf_counter() - start
+        if sam._last_call is not None:
+            sam._last_call += elapsed  # the head's time is priced apart from the step SAM's step cost learns
+        if rows:
+            runs = self._head_runs[int(sample)]
+            seconds[int(sample)] = (seconds[int(sample)] * min(runs, 63) + elapsed / rows) / (min(runs, 63) + 1)
+            self._head_runs[int(sample)] += 1
+        if sample:
+            self.head_steps += 1
+            head_ids = head_tokens[:, 0].tolist()
+            for r in np.flatnonzero(head_rows).tolist():
+                drafts[r] = [head_ids[r]]
+            probs = self._last_draft_probs
+            if probs is not None:
+                self._last_draft_probs = RowDraftProbs(
+                    probs, {r: d for r, d in enumerate(drafts) if d and not head_rows[r]}
+                )
+            if self.head_steps % 256 == 0:
+                self.head.forget(set(self.runner.requests))
+        for r, draft in enumerate(drafts):
+            if draft:
+                source = HEAD if head_rows[r] else SAM
+                self._pending[req_ids[r]] = (int(num_tokens[r]), source, len(draft))
+                self.sent_by_rows[source, min(rows, self.sent_by_rows.shape[1] - 1)] += len(draft)
+        return drafts
+
+    def take_last_draft_probs(self):
+        return self._last_draft_probs
+
+
+def become_hybrid(drafter: EagleProposer, runner) -> HybridProposer:
+    """Turn vLLM's MTP drafter into a :class:`HybridProposer` in place (the runner keeps the same object)."""
+    if not isinstance(drafter, EagleProposer):
+        raise TypeError(f"spec=hybrid needs vLLM's MTP drafter (speculative method mtp), not {type(drafter).__name__}")
+    if not drafter.speculative_config.disable_padded_drafter_batch:
+        raise ValueError(
+            "spec=hybrid needs speculative_config.disable_padded_drafter_batch=true: SAM reads the step's tokens "
+            "after vLLM's bookkeeping"
+        )
+    drafter.__class__ = HybridProposer
+    drafter._init_hybrid(runner)
+    logger.info("hybrid drafter: MTP head (acceptance prior %.3f) and SAM, K=%d", drafter.head.prior, drafter.sam.k)
+    return drafter

@@ -1,0 +1,59 @@
+"""The acceptance canary on a real vLLM engine (local backend): a weight sync that leaves the MTP head broken (the
+failure vLLM/veRL users report: the head's weights not updated by the sync) trips it, a correct sync does not. The
+veRL backend's servers feed the same check from their timelines (test_verl_trainer.py)."""
+
+import logging
+
+import pytest
+import torch
+
+from recipe.dapo.canary import AcceptanceCanary
+from recipe.dapo.config import spec_group
+from recipe.dapo.rollout import RolloutEngine
+from recipe.engine import EngineOptions, spec_from_config
+from recipe.lossless_harness import GREEDY_PROMPTS, prompt_ids
+
+pytestmark = pytest.mark.vllm_side
+
+
+def engine_for(model: str, method: str) -> RolloutEngine:
+    spec, extra = spec_from_config(spec_group(method))
+    if method == "hybrid":  # drafts nearly free and a confident head, so that the head drafts on many rows
+        extra["sam"].update(payoff_cost=[0.01, 0.001, 1e-6, 0.0, 0.0])
+        extra["hybrid"].update(head_acceptance=0.9, head_cost=0.0)
+    return RolloutEngine(model, spec, EngineOptions(max_model_len=512, dtype="float32"), extra, free_cache_engine=False)
+
+
+@pytest.mark.parametrize("method", ["mtp", "hybrid"])
+def test_a_sync_that_breaks_the_head_trips_the_canary_and_a_correct_one_does_not(harness_model, method, caplog):
+    from mtp.checkpoint import load_checkpoint
+
+    model = str(harness_model)
+    engine = engine_for(model, method)
+    prompts = [prompt_ids(model, m) for m in GREEDY_PROMPTS]
+    sampling = {"temperature": 1.0, "top_p": 1.0, "max_tokens": 96}
+    weights = load_checkpoint(model, dtype=torch.float32).state_dict()
+    canary = AcceptanceCanary()
+
+    def rollout_after(step: int, state: dict) -> dict[str, float]:
+        engine.sync_weights(state)
+        before = engine.draft_counts()
+        engine.generate(prompts, 4, sampling)
+        after = engine.draft_counts()
+        counts = {s: (d - before.get(s, (0, 0))[0], a - before.get(s, (0, 0))[1]) for s, (d, a) in after.items()}
+        return canary.check(step, counts)
+
+    try:
+        rollout_after(1, weights)
+        assert rollout_after(2, weights)["rollout/canary_mtp_fell"] == 0.0  # the same head synced again
+        torch.manual_seed(0)
+        broken = {k: torch.randn_like(v) * v.std() if "mtp_layers" in k else v for k, v in weights.items()}
+        with caplog.at_level(logging.WARNING, logger="recipe.dapo.canary"):
+            metrics = rollout_after(3, broken)
+    finally:
+        engine.close()
+    assert metrics["rollout/canary_mtp_fell"] == 1.0, metrics
+    assert metrics["rollout/canary_mtp_acceptance"] < 0.5 * metrics["rollout/canary_mtp_level_before"]
+    assert any("step 3, mtp drafts accepted" in r.getMessage() for r in caplog.records)
+    if method == "hybrid":  # SAM's acceptance is reported, not called a broken sync
+        assert metrics["rollout/canary_sam_fell"] == 0.0 and "rollout/canary_sam_acceptance" in metrics

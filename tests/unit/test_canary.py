@@ -1,0 +1,28 @@
+"""recipe/dapo/canary.py: a draft source whose acceptance falls after a weight sync beyond chance is named."""
+
+import logging
+
+from recipe.dapo.canary import AcceptanceCanary
+
+
+def test_a_fall_beyond_chance_is_warned_about_naming_source_and_step(caplog) -> None:
+    canary = AcceptanceCanary()
+    assert canary.check(1, {"mtp": (400, 200), "sam": (300, 90)}) == {}  # no level yet
+    steady = canary.check(2, {"mtp": (400, 190), "sam": (300, 95)})
+    assert steady["rollout/canary_mtp_fell"] == 0.0 and steady["rollout/canary_sam_fell"] == 0.0
+    assert steady["rollout/canary_mtp_level_before"] == 0.5
+    with caplog.at_level(logging.WARNING, logger="recipe.dapo.canary"):
+        fallen = canary.check(3, {"mtp": (400, 8), "sam": (300, 88)})  # a head at chance after the sync
+    assert fallen["rollout/canary_mtp_fell"] == 1.0 and fallen["rollout/canary_sam_fell"] == 0.0
+    assert fallen["rollout/canary_mtp_acceptance"] == 0.02
+    (record,) = caplog.records
+    assert "step 3, mtp drafts accepted 0.020" in record.getMessage()
+    # a model-free source's fall is reported, never called a broken sync (in the hybrid it follows the head's)
+    assert canary.check(4, {"sam": (300, 10)})["rollout/canary_sam_fell"] == 0.0
+
+
+def test_too_few_drafts_or_a_small_fall_are_not_alarms() -> None:
+    canary = AcceptanceCanary()
+    canary.check(1, {"mtp": (1000, 500)})
+    assert canary.check(2, {"mtp": (20, 0)}) == {}  # too few draft tokens to judge
+    assert canary.check(3, {"mtp": (1000, 420)})["rollout/canary_mtp_fell"] == 0.0  # drift, not a broken sync

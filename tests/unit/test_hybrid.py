@@ -1,0 +1,91 @@
+"""sam/hybrid.py without an engine: the payoff rule's choice between the MTP head's draft, SAM's and none, the head's
+learned acceptance, and the draft probabilities vLLM's rejection sampler reads."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from sam.hybrid import HeadAcceptance, HybridSAM, RowDraftProbs, recorded_acceptance
+from sam.vllm import SAMProposer, standalone_config
+
+K = 4
+CHEAP = [0.01, 0.0001, 0.0001, 0.0, 0.0]  # seconds: a, b per row, c per draft token, e + f per row when drafting
+DEAR = [0.001, 0.01, 0.01, 0.0, 0.005]  # a compute-bound big batch: a draft token costs what a request does
+
+
+def proposer(cost: list[float], cls=HybridSAM) -> SAMProposer:
+    return cls(standalone_config(K, {"payoff": True, "payoff_cost": cost, "global_sharing": False}))
+
+
+def test_each_row_drafts_from_the_source_that_gains_more_and_nothing_where_no_draft_pays() -> None:
+    p = proposer(CHEAP)
+    chances = np.array([[0.95, 0.9, 0.85, 0.8], [0.3, 0.1, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    lengths = np.array([4, 2, 0])
+    p.head_chance = np.array([0.6, 0.6, 0.6])
+    sam_lengths = p._cut(3, chances, lengths)
+    # row 0: SAM's four likely tokens beat one head token; rows 1-2: the head's 0.6 beats SAM's 0.3 and nothing
+    assert p.head_rows.tolist() == [False, True, True]
+    assert sam_lengths.tolist() == [4, 0, 0]
+
+    p.head_rows = np.zeros(0, dtype=bool)
+    p.head_chance = np.array([0.6, 0.6, 0.6])
+    p.head_row_seconds = 1.0  # sampling the head dearer than any step: SAM's cut alone
+    assert p._cut(3, chances, lengths).tolist() == [4, 2, 0]
+    assert not p.head_rows.any()
+
+    dear = proposer(DEAR)
+    dear.head_chance = np.full(64, 0.6)
+    many = np.tile(chances[1:2], (64, 1))
+    assert dear._cut(64, many, np.full(64, 2)).sum() == 0 and not dear.head_rows.any()
+
+
+def test_without_head_chances_the_cut_is_sams() -> None:
+    chances = np.array([[0.9, 0.5, 0.2, 0.0], [0.4, 0.1, 0.0, 0.0]])
+    lengths = np.array([4, 2])
+    hybrid, sam = proposer(CHEAP), proposer(CHEAP, SAMProposer)
+    hybrid.head_chance = None
+    assert hybrid._cut(2, chances, lengths).tolist() == sam._cut(2, chances, lengths).tolist()
+    assert hybrid._token_cost == sam._token_cost and not hybrid.head_rows.any()
+
+
+def test_a_step_where_only_the_head_can_pay_is_not_skipped() -> None:
+    """SAM's bound says no draft can pay (its chances still at the pessimistic prior); a confident head on a cheap step
+    can, so the step works; on a dear step neither can."""
+    cheap, dear = proposer(CHEAP), proposer(DEAR)
+    for p in (cheap, dear):
+        p.head_chance = None
+        assert p._nothing_can_pay(8)
+        p.head_chance = np.full(8, 0.7)
+    assert not cheap._nothing_can_pay(8)
+    assert dear._nothing_can_pay(8)
+
+
+def test_head_acceptance_is_learned_per_request_and_shrunk_towards_the_engines() -> None:
+    head = HeadAcceptance(0.5)
+    assert head.chances(["a"]).tolist() == [0.5]
+    for _ in range(20):
+        head.observe("a", False)
+    for _ in range(20):
+        head.observe("b", True)
+    a, b, new = head.chances(["a", "b", "c"])
+    assert a < new < b  # each request's own record, a new one at the engine-wide rate
+    assert new == pytest.approx(0.5, abs=0.05)  # half the drafts accepted, the later ones weighing a little more
+    head.forget({"b"})
+    assert head.chances(["a"])[0] == pytest.approx(new)
+
+
+def test_draft_probabilities_are_the_heads_for_its_rows_and_point_masses_for_sams() -> None:
+    head_probs = torch.softmax(torch.randn(3, 1, 10), dim=-1)
+    probs = RowDraftProbs(head_probs, {1: [7, 2, 5]})
+    assert torch.equal(probs[0, slice(None, 1)], head_probs[0, :1])
+    sam_rows = probs[1, slice(None, 2)]
+    assert sam_rows.shape == (2, 10) and sam_rows[0, 7] == 1 and sam_rows[1, 2] == 1 and sam_rows.sum() == 2
+
+
+def test_the_recorded_acceptance_is_read_for_the_way_the_head_drafts(tmp_path) -> None:
+    assert recorded_acceptance(tmp_path, "probabilistic") is None
+    (tmp_path / "acceptance.json").write_text(json.dumps({"probabilistic": 0.52, "greedy": 0.27}))
+    assert recorded_acceptance(tmp_path, "probabilistic") == 0.52
+    assert recorded_acceptance(tmp_path, "greedy") == 0.27
