@@ -260,6 +260,15 @@ def main(argv: list[str] | None = None) -> None:
     for s in settings:
         c = compare(ref[s.name], hf[s.name])
         lines.append(f"| vLLM spec off | {s.name} | - | {c.p_value:.3g} | - | - | - |")
+    # the test's power: spec off at 0.85 of the first setting's temperature, which a lossless sampler must not resemble
+    first = settings[0]
+    biased = Setting(round(0.85 * first.temperature, 4), first.top_p)
+    control = sample_vllm(opts.model, "off", [biased], opts.n, opts.max_tokens, seed=4, dtype=opts.dtype)
+    c_off, c_hf = compare(control[biased.name], ref[first.name]), compare(control[biased.name], hf[first.name])
+    lines.append(
+        f"| power: spec off at T={biased.temperature} against {first.name} | {first.name} | {c_off.p_value:.3g} | "
+        f"{c_hf.p_value:.3g} | {c_off.max_tv:.3f} | - | - |"
+    )
     for method in opts.methods.split(","):
         got = sample_vllm(
             opts.model, method, settings, opts.n, opts.max_tokens, seed=2, patch=not opts.no_patch, dtype=opts.dtype

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 from vllm.v1.spec_decode.eagle import EagleProposer
 
+from sam.counts import CountsLog
 from sam.payoff import payoff_cut
 from sam.vllm import SAMProposer
 
@@ -127,6 +128,7 @@ class HybridSAM(SAMProposer):
         self.head_rows = np.zeros(rows, dtype=bool)
         lengths = super()._pay(rows, slots, drafts, lengths, group, mlen, level, idle)
         self._last_drafted += int(self.head_rows.sum())  # verified like SAM's: the step cost learns both
+        self._quiet &= not self.head_rows.any()  # a step that sent head drafts is no sign that later ones defer
         return lengths
 
     def _cut(self, rows: int, chances: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -209,6 +211,7 @@ class HybridProposer(EagleProposer):
         self.drafted = np.zeros(len(SOURCES), dtype=np.int64)  # draft tokens sent, by source
         self.accepted = np.zeros(len(SOURCES), dtype=np.int64)  # ... and accepted
         self.head_steps = 0  # steps where the head sampled
+        self.counts_log = CountsLog()  # beside a veRL server's timeline, where the trainer reads the counts
         self.sent_by_rows = np.zeros((len(SOURCES), int(config.scheduler_config.max_num_seqs) + 1), dtype=np.int64)
         # draft tokens sent by source and the step's scheduled rows: which source drafted at which batch size
 
@@ -247,12 +250,17 @@ class HybridProposer(EagleProposer):
                 if source == HEAD:
                     self.head.observe(rid, accepted > 0)
 
+    def counts(self) -> dict[str, list[int]]:
+        """Draft tokens sent and accepted so far, by source."""
+        return {s: [int(self.drafted[i]), int(self.accepted[i])] for i, s in enumerate(SOURCES)}
+
     def propose(self, num_speculative_tokens, *args, **kwargs) -> list[list[int]]:
         batch = self.runner.input_batch
         rows = len(self._sampled)
         req_ids = batch.req_ids[:rows]
         num_tokens = batch.num_tokens_no_spec
         self._settle(req_ids, num_tokens)
+        self.counts_log.step(self.counts)
         sam = self.sam
         sam.head_chance = self.head.chances(req_ids) if num_speculative_tokens > 0 else None
         seconds = self._head_seconds

@@ -279,12 +279,8 @@ def _drafter_busy_on_worker(worker) -> np.ndarray | None:
 
 def _draft_counts_on_worker(worker) -> dict[str, list[int]] | None:
     """Runs in a vLLM worker: the hybrid drafter's draft tokens sent and accepted by source (None for others)."""
-    drafter = getattr(worker.model_runner, "drafter", None)
-    if not hasattr(drafter, "accepted") or not hasattr(drafter, "sent_by_rows"):
-        return None
-    from sam.hybrid import SOURCES
-
-    return {s: [int(drafter.drafted[i]), int(drafter.accepted[i])] for i, s in enumerate(SOURCES)}
+    counts = getattr(getattr(worker.model_runner, "drafter", None), "counts", None)
+    return None if counts is None else counts()
 
 
 def _drafter_state_on_worker(worker, blob: bytes | None = None) -> bytes | None:

@@ -17,15 +17,17 @@ window: a step's metrics can hold a refill round of the next step's generation o
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import socket
 from pathlib import Path
 
+from recipe.dapo.canary import AcceptanceCanary
 from recipe.dapo.step_marks import read_marks, step_windows
 from recipe.dapo.timeline import RolloutTimeline, StepRecord, step_rollout_metrics, timeline_path
+from sam.counts import TIMELINE_DIR_ENV  # the directory every server writes its rows to (re-exported)
 
-TIMELINE_DIR_ENV = "SPEC_ROLLOUT_TIMELINE_DIR"
 FLUSH_ROWS = 256
 
 
@@ -132,13 +134,48 @@ def to_timeline(rows: list[dict]) -> RolloutTimeline:
     return tl
 
 
-def rollout_metrics_by_step(out_dir: Path, validated: set[int], tail_threshold: int) -> dict[int, dict[str, float]]:
-    """``rollout/*`` metrics per training step from the servers' rows; timelines saved under ``timelines/``."""
+def draft_counts_by_step(
+    directory: Path, windows: dict[int, tuple[float, float]], engines: dict[str, list[dict]], source: str
+) -> dict[int, dict[str, tuple[int, int]]]:
+    """Draft tokens sent and accepted in each step's window, by source: from the hybrid drafters' cumulative rows
+    (sam/counts.py: ``drafter-*.jsonl``) where there are any, else every server's timeline totals as ``source`` (the
+    spec method's one source)."""
+    drafters = [
+        [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+        for path in sorted(directory.glob("drafter-*.jsonl"))
+    ]
+    out: dict[int, dict[str, tuple[int, int]]] = {}
+    for step, (start, end) in windows.items():
+        counts: dict[str, list[int]] = {}
+        if drafters:
+            for rows in drafters:
+                times = [r["t"] for r in rows]
+                at = [rows[i - 1] if i else None for i in (bisect.bisect_right(times, t) for t in (start, end))]
+                for name, value in (at[1] or {}).items():
+                    if name != "t":
+                        before = (at[0] or {}).get(name, [0, 0])
+                        total = counts.setdefault(name, [0, 0])
+                        total[0] += value[0] - before[0]
+                        total[1] += value[1] - before[1]
+        else:
+            rows = [r for engine in engines.values() for r in engine if start < r["t"] <= end]
+            counts[source] = [sum(r["draft_tokens"] for r in rows), sum(r["accepted_tokens"] for r in rows)]
+        out[step] = {name: (d, a) for name, (d, a) in counts.items()}
+    return out
+
+
+def rollout_metrics_by_step(
+    out_dir: Path, validated: set[int], tail_threshold: int, source: str | None = None
+) -> dict[int, dict[str, float]]:
+    """``rollout/*`` metrics per training step from the servers' rows; timelines saved under ``timelines/``. With the
+    drafting ``source`` (the spec method), the acceptance canary's too (recipe/dapo/canary.py), its warnings logged
+    as the metrics are collected."""
     marks, directory = read_marks(out_dir), out_dir / "server_timeline"
     if not marks or not directory.is_dir():
         return {}
     windows = step_windows(marks)
-    engines = {name: split_rollouts(rows) for name, rows in load_rows(directory).items()}
+    rows_by_engine = load_rows(directory)
+    engines = {name: split_rollouts(rows) for name, rows in rows_by_engine.items()}
     saved = out_dir / "timelines"
     saved.mkdir(exist_ok=True)
     metrics = {}
@@ -158,4 +195,10 @@ def rollout_metrics_by_step(out_dir: Path, validated: set[int], tail_threshold: 
                     summaries.append(summary)
         if summaries:
             metrics[step] = step_rollout_metrics(summaries)
+    if source is not None:
+        canary = AcceptanceCanary()
+        counts = draft_counts_by_step(directory, windows, rows_by_engine, source)
+        for step in sorted(counts):
+            if step in metrics:
+                metrics[step].update(canary.check(step, counts[step]))
     return metrics

@@ -187,12 +187,14 @@ def worker_env_overrides(env: dict[str, str]) -> dict[str, object]:
     return {"+ray_kwargs.ray_init.runtime_env.env_vars": {k: env[k] for k in keys if k in env}}
 
 
-def collect_metrics(out_dir: Path, tail_threshold: int) -> list[dict]:
+def collect_metrics(out_dir: Path, tail_threshold: int, spec_method: str | None = None) -> list[dict]:
     """``metrics.jsonl`` of a veRL run: the launches' tracking files merged, each step with the ``rollout/*``
-    metrics of its rollouts in the servers (the local backend's names)."""
+    metrics of its rollouts in the servers (the local backend's names; with the run's ``spec_method``, the
+    acceptance canary's)."""
     rows = {r["step"]: r for r in merge_tracking(out_dir)}
     validated = {s for s, r in rows.items() if any(k.startswith("val-core/") for k in r)}
-    for step, metrics in rollout_metrics_by_step(out_dir, validated, tail_threshold).items():
+    source = None if spec_method in (None, "off") else spec_method
+    for step, metrics in rollout_metrics_by_step(out_dir, validated, tail_threshold, source).items():
         if step in rows:
             rows[step].update(metrics)
     history = [rows[s] for s in sorted(rows)]
@@ -238,6 +240,6 @@ def run_verl(cfg: DictConfig, verl_cfg: DictConfig) -> DictConfig | list[dict]:
     code = run_job(command, env, job_file)
     if code != 0:
         raise RuntimeError(f"veRL's trainer exited with code {code}; its command: {out_dir / 'verl_launch.sh'}")
-    history = collect_metrics(out_dir, int(cfg.recipe.long_tail_threshold))
+    history = collect_metrics(out_dir, int(cfg.recipe.long_tail_threshold), str(cfg.spec.method))
     plot_run(history, out_dir / "curves.png", title=f"{cfg.trainer.project_name} / {cfg.trainer.experiment_name}")
     return history

@@ -122,9 +122,10 @@ def test_two_step_job_then_kill_and_resume_matches_uninterrupted(harness_model, 
     assert comparable(resumed) == comparable(rows)  # same seed: same metrics, with or without the kill
 
 
-@pytest.mark.parametrize("train", ["frozen", "online"])
-def test_mtp_job_trains_the_head_only_when_online(harness_model, tmp_path, train):
-    """spec=mtp: frozen keeps the base checkpoint's MTP layer, online changes it; both log the head's loss,
+@pytest.mark.parametrize(("spec", "train"), [("mtp", "frozen"), ("hybrid", "online")])
+def test_mtp_job_trains_the_head_only_when_online(harness_model, tmp_path, spec, train):
+    """spec=mtp frozen keeps the base checkpoint's MTP layer, spec=hybrid online (the head trained and synced each
+    step, drafting beside SAM in one engine) changes it; both log the head's loss,
     accuracy and vLLM's acceptance every step. Online, the head also trains on the responses the update leaves out
     (spec.mtp.train_on_dropped_groups), at most 3 a step (spec.mtp.dropped_rows_per_step) and at most 1 response token
     per kept token (spec.mtp.dropped_tokens_per_kept_token, against veRL's perf/total_num_tokens), over a top-4 shortlist
@@ -139,7 +140,9 @@ def test_mtp_job_trains_the_head_only_when_online(harness_model, tmp_path, train
         ["spec.mtp.train_on_dropped_groups=true", "spec.mtp.loss_vocab_topk=4", *caps] if train == "online" else []
     )
     run_job(
-        run_args(harness_model, out, 2, "spec=mtp", f"spec.mtp.train={train}", "data.train_max_samples=6", *dropped),
+        run_args(
+            harness_model, out, 2, f"spec={spec}", f"spec.mtp.train={train}", "data.train_max_samples=6", *dropped
+        ),
         out,
     )
     rows = metrics(out)

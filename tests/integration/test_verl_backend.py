@@ -116,15 +116,27 @@ def test_spec_reaches_verl_as_the_vllm_settings_the_local_engine_gets():
         else:  # the FSDP actor's engine trains the head and syncs it to the servers
             assert mtp["actor_rollout_ref.model.external_lib"] == "mtp.verl_fsdp"
             assert "actor_rollout_ref.rollout.load_format" not in mtp
+    # the hybrid: veRL's MTP rollout (method and K from model.mtp), the rest of the local engine's vLLM settings merged
+    # over it by veRL (build_mtp_speculative_config), SAM's and the hybrid's options beside
+    spec = recipe_config("spec=hybrid", "spec.sam.min_match=3").spec
+    hybrid, (speculative, additional) = spec_overrides(spec), spec_from_config(spec)
+    assert hybrid["actor_rollout_ref.model.mtp.enable_rollout"] is True
+    assert hybrid["actor_rollout_ref.model.mtp.num_speculative_tokens"] == speculative["num_speculative_tokens"]
+    for key in ("disable_padded_drafter_batch", "draft_sample_method"):
+        assert hybrid[f"{vllm}.speculative_config.{key}"] == speculative[key]
+    assert hybrid[f"{vllm}.additional_config"] == additional and additional["sam"]["min_match"] == 3
 
 
-@pytest.mark.parametrize("spec", ["off", "ngram", "suffix", "sam", "mtp"])
+@pytest.mark.parametrize("spec", ["off", "ngram", "suffix", "sam", "mtp", "hybrid"])
 def test_every_spec_composes_against_verl_schema(inputs, spec):
     extra = ["actor_rollout_ref.actor.strategy=megatron"] if spec == "mtp" else []
     _, v = composed(*inputs, f"spec={spec}", *extra)
     spec_cfg = v.actor_rollout_ref.rollout.engine_kwargs.vllm.get("speculative_config")
-    assert (spec_cfg is None) == (spec in ("off", "mtp"))
-    assert v.actor_rollout_ref.model.mtp.enable is (spec == "mtp")
+    assert (spec_cfg is None) == (spec == "off")
+    assert v.actor_rollout_ref.model.mtp.enable is (spec in ("mtp", "hybrid"))
+    if spec in ("mtp", "hybrid"):  # what veRL's MTP config leaves out: how the head drafts (and the hybrid's switch)
+        assert "method" not in spec_cfg and spec_cfg.draft_sample_method
+        assert spec_cfg.get("disable_padded_drafter_batch", False) is (spec == "hybrid")
 
 
 def test_a_key_verl_does_not_have_is_named():

@@ -155,15 +155,23 @@ def mean_acceptance(out: Path) -> float:
     return sum(rates) / len(rates)
 
 
+# the hybrid drafting on many rows from both sources: drafts nearly free, a confident head (as the lossless harness)
+HYBRID_BOTH_SOURCES = ("spec.sam.payoff_cost=[0.01,0.001,0.000001,0.0,0.0]", "spec.hybrid.head_cost=0.0",
+                       "spec.hybrid.head_acceptance=0.9")  # fmt: skip
+
+
+@pytest.mark.parametrize("spec", ["mtp", "hybrid"])
 def test_two_replicas_route_by_prompt_and_both_draft_with_the_online_mtp_head_of_the_fsdp_actor(
-    harness_model, tmp_path, verl_job
+    harness_model, tmp_path, verl_job, spec
 ):
-    """spec=mtp online on veRL's FSDP actor (mtp/verl_fsdp.py) with two replicas: the update logs the head's loss,
-    and both servers, which start from veRL's random "dummy" weights, draft with the actor's head: only weight sync
-    can have put it there."""
+    """spec=mtp (and spec=hybrid: the head beside SAM in one engine) online on veRL's FSDP actor (mtp/verl_fsdp.py)
+    with two replicas: the update logs the head's loss, and both servers, which start from veRL's random "dummy"
+    weights, draft with the actor's head: only weight sync can have put it there. The acceptance canary checks every
+    step after the first against the one before, and finds no fall."""
     out = tmp_path / "verl"
+    extra = HYBRID_BOTH_SOURCES if spec == "hybrid" else ()
     launch = launch_args(harness_model, out, "spec.mtp.train=online", *short_run(2), "trainer.n_gpus_per_node=2",
-                         spec="mtp")  # fmt: skip
+                         *extra, spec=spec)  # fmt: skip
     run_to_end(launch, verl_job)
     assert OmegaConf.load(out / "verl_config.yaml").actor_rollout_ref.rollout.load_format == "dummy"
 
@@ -180,9 +188,19 @@ def test_two_replicas_route_by_prompt_and_both_draft_with_the_online_mtp_head_of
                for p in (out / "server_timeline").glob("engine-*.jsonl")]  # fmt: skip
     finished = sorted(sum(len(row["finished"]) for row in rows) for rows in engines)
     assert len(per_server) == 2 and finished == per_server
-    for rows in engines:
-        drafted, accepted = (sum(row[k] for row in rows) for k in ("draft_tokens", "accepted_tokens"))
-        assert drafted > 0 and accepted / drafted > HEAD_ACCEPTANCE, (drafted, accepted)
+    if spec == "mtp":
+        for rows in engines:
+            drafted, accepted = (sum(row[k] for row in rows) for k in ("draft_tokens", "accepted_tokens"))
+            assert drafted > 0 and accepted / drafted > HEAD_ACCEPTANCE, (drafted, accepted)
+    else:  # each server's hybrid drafter counts its head's drafts apart from SAM's (sam/counts.py)
+        drafters = [[json.loads(line) for line in p.read_text().splitlines()]
+                    for p in (out / "server_timeline").glob("drafter-*.jsonl")]  # fmt: skip
+        assert len(drafters) == 2
+        for rows in drafters:
+            (drafted, accepted), (sam_drafted, _) = rows[-1]["mtp"], rows[-1]["sam"]
+            assert drafted > 0 and accepted / drafted > HEAD_ACCEPTANCE and sam_drafted > 0, rows[-1]
+    canary = [row for row in logged_rows(out) if "rollout/canary_mtp_fell" in row]
+    assert [row["step"] for row in canary] == [2] and canary[0]["rollout/canary_mtp_fell"] == 0.0
 
     trained = [row for row in logged_rows(out) if "actor/mtp/loss" in row]  # veRL prefixes the actor's metrics
     assert [row["step"] for row in trained] == [1, 2]

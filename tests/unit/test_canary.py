@@ -26,3 +26,23 @@ def test_too_few_drafts_or_a_small_fall_are_not_alarms() -> None:
     canary.check(1, {"mtp": (1000, 500)})
     assert canary.check(2, {"mtp": (20, 0)}) == {}  # too few draft tokens to judge
     assert canary.check(3, {"mtp": (1000, 420)})["rollout/canary_mtp_fell"] == 0.0  # drift, not a broken sync
+
+
+def test_a_veRL_steps_counts_come_from_the_hybrid_drafters_cumulative_rows_or_the_servers_totals(tmp_path) -> None:
+    """Per step window: the difference of each drafter file's last rows before its start and its end, summed over
+    servers; without drafter files, the servers' timeline totals under the method's name."""
+    import json
+
+    from recipe.dapo.server_timeline import draft_counts_by_step
+
+    rows = [{"t": 1.0, "mtp": [10, 5], "sam": [0, 0]}, {"t": 2.5, "mtp": [30, 15], "sam": [40, 10]},
+            {"t": 4.0, "mtp": [50, 20], "sam": [60, 12]}]  # fmt: skip
+    for server in ("a", "b"):
+        (tmp_path / f"drafter-{server}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    windows = {1: (0.0, 2.0), 2: (2.0, 5.0)}
+    counts = draft_counts_by_step(tmp_path, windows, {}, "hybrid")
+    assert counts == {1: {"mtp": (20, 10), "sam": (0, 0)}, 2: {"mtp": (80, 30), "sam": (120, 24)}}
+    engine = [{"t": 1.5, "draft_tokens": 4, "accepted_tokens": 3}, {"t": 3.0, "draft_tokens": 6, "accepted_tokens": 1}]
+    for path in tmp_path.glob("drafter-*"):
+        path.unlink()
+    assert draft_counts_by_step(tmp_path, windows, {"e": engine}, "mtp") == {1: {"mtp": (4, 3)}, 2: {"mtp": (6, 1)}}

@@ -89,3 +89,16 @@ def test_the_recorded_acceptance_is_read_for_the_way_the_head_drafts(tmp_path) -
     (tmp_path / "acceptance.json").write_text(json.dumps({"probabilistic": 0.52, "greedy": 0.27}))
     assert recorded_acceptance(tmp_path, "probabilistic") == 0.52
     assert recorded_acceptance(tmp_path, "greedy") == 0.27
+
+
+def test_a_step_that_sent_only_head_drafts_does_not_make_the_next_steps_defer() -> None:
+    p = proposer(CHEAP)
+    p.head_chance = np.array([0.6, 0.6])
+    rows = 2
+    slots = np.array([-1, -1])
+    drafts = np.zeros((rows, K), dtype=np.int32)
+    group, mlen = np.zeros(rows, dtype=np.int64), np.zeros(rows, dtype=np.int64)
+    level = np.zeros((rows, K), dtype=np.int64)
+    lengths = p._pay(rows, slots, drafts, np.zeros(rows, dtype=np.int64), group, mlen, level, idle=False)
+    assert lengths.tolist() == [0, 0] and p.head_rows.all()
+    assert not p._quiet and p._last_drafted == 2  # the head's tokens are verified like SAM's
