@@ -272,7 +272,7 @@ def drafter_ms(before: np.ndarray | None, after: np.ndarray | None) -> dict[str,
 
 def _sent_on_worker(worker) -> list | None:
     """Runs in a vLLM worker: the hybrid drafter's draft tokens sent by source and scheduled rows (None otherwise)."""
-    sent = getattr(worker.model_runner.drafter, "sent_by_rows", None)
+    sent = getattr(getattr(worker.model_runner, "drafter", None), "sent_by_rows", None)  # spec off: no drafter
     return None if sent is None else sent.tolist()
 
 
