@@ -10,7 +10,7 @@ import torch
 from recipe.dapo.canary import AcceptanceCanary
 from recipe.dapo.config import spec_group
 from recipe.dapo.rollout import RolloutEngine
-from recipe.engine import EngineOptions, spec_from_config
+from recipe.engine import EngineOptions, installed_vllm, spec_from_config
 from recipe.lossless_harness import GREEDY_PROMPTS, prompt_ids
 
 pytestmark = pytest.mark.vllm_side
@@ -24,7 +24,11 @@ def engine_for(model: str, method: str) -> RolloutEngine:
     return RolloutEngine(model, spec, EngineOptions(max_model_len=512, dtype="float32"), extra, free_cache_engine=False)
 
 
-@pytest.mark.parametrize("method", ["mtp", "hybrid"])
+# the hybrid reaches into vLLM 0.28's MTP drafter (sam/hybrid.py); on the matrix's other releases it is not checked yet
+HYBRID_VLLM = pytest.mark.skipif(installed_vllm() not in ("0.28.0",), reason="spec=hybrid is built on vLLM 0.28.0's drafter")
+
+
+@pytest.mark.parametrize("method", ["mtp", pytest.param("hybrid", marks=HYBRID_VLLM)])
 def test_a_sync_that_breaks_the_head_trips_the_canary_and_a_correct_one_does_not(harness_model, method, caplog):
     from mtp.checkpoint import load_checkpoint
 
