@@ -44,6 +44,7 @@ REQUEST_PRIOR_WEIGHT = 4.0
 HEAD_MEMORY = 0.998  # each draft's weight in the engine-wide acceptance decays by this per later draft (~500 drafts)
 SOURCES = ("mtp", "sam")  # where a row's draft came from: the head, SAM (the names of the per-source metrics)
 HEAD, SAM = 0, 1
+FORGET_EVERY = 1024  # engine steps between droppings of finished requests' head counts
 DEFAULT_HEAD_ACCEPTANCE = 0.25  # prior for a head with no recorded acceptance: pessimistic, so that it must earn its
 # drafts in the tail first
 
@@ -211,6 +212,7 @@ class HybridProposer(EagleProposer):
         self.drafted = np.zeros(len(SOURCES), dtype=np.int64)  # draft tokens sent, by source
         self.accepted = np.zeros(len(SOURCES), dtype=np.int64)  # ... and accepted
         self.head_steps = 0  # steps where the head sampled
+        self.steps = 0
         self.counts_log = CountsLog()  # beside a veRL server's timeline, where the trainer reads the counts
         self.sent_by_rows = np.zeros((len(SOURCES), int(config.scheduler_config.max_num_seqs) + 1), dtype=np.int64)
         # draft tokens sent by source and the step's scheduled rows: which source drafted at which batch size
@@ -261,6 +263,9 @@ class HybridProposer(EagleProposer):
         num_tokens = batch.num_tokens_no_spec
         self._settle(req_ids, num_tokens)
         self.counts_log.step(self.counts)
+        self.steps += 1
+        if self.steps % FORGET_EVERY == 0:  # the per-request counts of requests that finished
+            self.head.forget(set(self.runner.requests))
         sam = self.sam
         sam.head_chance = self.head.chances(req_ids) if num_speculative_tokens > 0 else None
         seconds = self._head_seconds
@@ -291,8 +296,6 @@ class HybridProposer(EagleProposer):
                 self._last_draft_probs = RowDraftProbs(
                     probs, {r: d for r, d in enumerate(drafts) if d and not head_rows[r]}
                 )
-            if self.head_steps % 256 == 0:
-                self.head.forget(set(self.runner.requests))
         for r, draft in enumerate(drafts):
             if draft:
                 source = HEAD if head_rows[r] else SAM
