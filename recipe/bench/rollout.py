@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from recipe.ab.stats import ratio_interval_text
+from recipe.engine import HEAD_METHODS, SAM_METHODS
 from recipe.paths import REPO_ROOT
 from recipe.provenance import commit, machine
 
@@ -54,7 +55,6 @@ MODES = {  # mode -> (spec method, SAM options over configs/spec's); off, sam, m
     "mtp": ("mtp", None),
     "hybrid": ("hybrid", {}),
 }
-HEAD_MODES = ("mtp", "hybrid")  # modes that need a checkpoint with an MTP layer (--head)
 
 
 class NoDraftProposer:
@@ -114,12 +114,12 @@ def parse_mode(
             elif letter == "s" and K_BY_BATCH_KEY in VLLM_METHOD_KEYS.get(method, ()):
                 batch, k_above = (int(v) for v in value.split("x"))
                 above = (batch, k_above)
-            elif letter in SAM_MODE_OPTIONS and method in ("sam", "hybrid"):
+            elif letter in SAM_MODE_OPTIONS and method in SAM_METHODS:
                 key, kind = SAM_MODE_OPTIONS[letter]
                 opts[key] = kind(value)
             else:
                 return None
-        if gate and method not in ("sam", "hybrid"):
+        if gate and method not in SAM_METHODS:
             return None
         gate_value = int(gate) if gate else default_gate
     except ValueError:
@@ -129,7 +129,7 @@ def parse_mode(
         batch, k_above = above
         schedule = [[1, batch, k], [batch + 1, EngineOptions().max_num_seqs, k_above]]
         k = max(k, k_above)
-    if method not in ("sam", "hybrid"):
+    if method not in SAM_METHODS:
         return method, k, None, schedule
     return method, k, {**sam_defaults["sam"], "batch_threshold": gate_value, **opts, **sam_opts}, schedule
 
@@ -731,7 +731,9 @@ def main() -> None:
 
     ckpt, ids, dtype = rollout_inputs(args.model, 2 * args.prompts)
     dtype = args.dtype or dtype
-    if any(name.partition("#")[0].partition("/")[0] in HEAD_MODES for name in args.modes.split(",")):
+    if any(
+        MODES.get(name.partition("#")[0].partition("/")[0], ("",))[0] in HEAD_METHODS for name in args.modes.split(",")
+    ):
         from mtp.checkpoint import has_mtp_layer
         from recipe.models import CACHE_DIR
 

@@ -26,6 +26,11 @@ SYNCED_SOURCES = ("mtp",)  # the sources whose drafts come from synced weights: 
 LEVEL_DECAY = 0.5  # the level before: earlier steps' counts, each step's weighed this much less than the next's
 
 
+def counts_since(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
+    """Per source, the draft tokens sent and accepted between two cumulative readings (``Rollout.draft_counts``)."""
+    return {s: (d - before.get(s, (0, 0))[0], a - before.get(s, (0, 0))[1]) for s, (d, a) in after.items()}
+
+
 class AcceptanceCanary:
     """Per draft source, the acceptance level of the rollouts before each sync, and the check of the ones after."""
 

@@ -31,7 +31,7 @@ from recipe.dapo.batch import (
     select_groups,
     spread_rows,
 )
-from recipe.dapo.canary import AcceptanceCanary
+from recipe.dapo.canary import AcceptanceCanary, counts_since
 from recipe.dapo.data import PromptStream, load_prompts
 from recipe.dapo.drift import DriftProbe, load_or_sample_probe
 from recipe.dapo.policy import Actor
@@ -250,16 +250,8 @@ class DAPOTrainer:
             for key in ROLLOUT_TEACHER_KEYS:
                 kept_batch.non_tensor_batch.pop(key, None)
         stats = self._round_metrics(rounds, np.concatenate(scores_all))
-        drafts = self.engine.draft_counts()  # the step's rollouts, all after the sync that ended the step before
-        stats.update(
-            self.canary.check(
-                self.global_step,
-                {
-                    s: (d - drafts_before.get(s, (0, 0))[0], a - drafts_before.get(s, (0, 0))[1])
-                    for s, (d, a) in drafts.items()
-                },
-            )
-        )
+        # the step's rollouts, all after the sync that ended the step before
+        stats.update(self.canary.check(self.global_step, counts_since(drafts_before, self.engine.draft_counts())))
         if not left_out:
             return kept_batch, None, stats
         left_out = DataProto.concat(left_out)

@@ -7,7 +7,7 @@ import logging
 import pytest
 import torch
 
-from recipe.dapo.canary import AcceptanceCanary
+from recipe.dapo.canary import AcceptanceCanary, counts_since
 from recipe.dapo.config import spec_group
 from recipe.dapo.rollout import RolloutEngine
 from recipe.engine import EngineOptions, installed_vllm, spec_from_config
@@ -25,7 +25,9 @@ def engine_for(model: str, method: str) -> RolloutEngine:
 
 
 # the hybrid reaches into vLLM 0.28's MTP drafter (sam/hybrid.py); on the matrix's other releases it is not checked yet
-HYBRID_VLLM = pytest.mark.skipif(installed_vllm() not in ("0.28.0",), reason="spec=hybrid is built on vLLM 0.28.0's drafter")
+HYBRID_VLLM = pytest.mark.skipif(
+    installed_vllm() not in ("0.28.0",), reason="spec=hybrid is built on vLLM 0.28.0's drafter"
+)
 
 
 @pytest.mark.parametrize("method", ["mtp", pytest.param("hybrid", marks=HYBRID_VLLM)])
@@ -43,9 +45,7 @@ def test_a_sync_that_breaks_the_head_trips_the_canary_and_a_correct_one_does_not
         engine.sync_weights(state)
         before = engine.draft_counts()
         engine.generate(prompts, 4, sampling)
-        after = engine.draft_counts()
-        counts = {s: (d - before.get(s, (0, 0))[0], a - before.get(s, (0, 0))[1]) for s, (d, a) in after.items()}
-        return canary.check(step, counts)
+        return canary.check(step, counts_since(before, engine.draft_counts()))
 
     try:
         rollout_after(1, weights)
