@@ -124,7 +124,7 @@ class DAPOTrainer:
 
     def save(self) -> Path:
         """``global_step_N/`` in the run directory (as veRL): fp32 HF policy, optimizer and its schedule, cursor,
-        RNG and drafter memory."""
+        RNG, drafter memory and the acceptance canary's levels."""
         path = checkpoint_dir(self.out_dir, self.global_step)
         tmp = path.with_name(path.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
@@ -139,6 +139,7 @@ class DAPOTrainer:
             "numpy_rng": np.random.get_state(),
             "python_rng": random.getstate(),
             "drafter_state": self.engine.drafter_state(),
+            "canary_level": self.canary.level,
         }
         torch.save(state, tmp / "trainer_state.pt")
         shutil.rmtree(path, ignore_errors=True)
@@ -162,6 +163,7 @@ class DAPOTrainer:
         random.setstate(state["python_rng"])
         if state.get("drafter_state") is not None:
             self.engine.load_drafter_state(state["drafter_state"])
+        self.canary.level = state.get("canary_level", {})
         self.global_step = state["global_step"]
         logger.info("resumed from %s (step %d)", path, self.global_step)
         return True
