@@ -198,3 +198,82 @@ def cell_errors(cells: Sequence[Cell], shape: ModelShape, device: Device, fit_: 
 
 def max_abs_error(rows: Sequence[dict]) -> float:
     return max((abs(r["error"]) for r in rows), default=math.nan)
+
+
+# SmolLM2-135M's step on an H200 fitted (results/cost_model/fits.json, "h200"): a GPU step's fixed, per-token and
+# verification-switch costs before an engine has timed its own, carried to other shapes and NVIDIA devices as
+# results/cost_model/README.md checks on Qwen2.5-7B (tests/unit/test_cost_model.py keeps the two equal)
+GPU_FIT = StepCostFit(
+    fixed_s=0.002928995666356179,
+    compute_eff=0.26329996242804704,
+    half_tokens=2.406708113364643,
+    memory_eff=0.4462908216416167,
+    per_token_s=1.2297880604858937e-09,
+    switch_s=0.00050977697752507,
+    switch_row_s=2.4088622656076358e-05,
+)
+PRIOR_CONTEXTS = (
+    256,
+    1024,
+    4096,
+    16384,
+    65536,
+)  # per-request contexts the payoff prior's steps span (to max_model_len)
+
+
+def device_named(name: str) -> Device | None:
+    """The data-sheet device an accelerator's name names (``torch.cuda.get_device_name()``: "NVIDIA H100 80GB HBM3"),
+    or None."""
+    lowered = name.lower()
+    return next((d for key, d in DEVICES.items() if not key.startswith("cpu") and key in lowered), None)
+
+
+def prior_steps(
+    shape: ModelShape, device: Device, fit_: StepCostFit, max_rows: int, max_context: int, k: int
+) -> list[list[float]]:
+    """``[rows, drafted, context, seconds]`` steps over an engine's range (rows in powers of two up to ``max_rows``,
+    0 to ``k`` drafts a row, per-request contexts of :data:`PRIOR_CONTEXTS` up to ``max_context``): the steps the
+    payoff rule's learned cost (sam.payoff.StepCost) starts from."""
+    rows = sorted({min(1 << i, max_rows) for i in range(max(1, max_rows).bit_length() + 1)})
+    contexts = sorted({min(c, max_context) for c in PRIOR_CONTEXTS})
+    return [
+        [b, b * kk, b * c, step_seconds(shape, device, fit_, b, c, kk)]
+        for b in rows
+        for kk in sorted({0, 1, min(2, k), k})
+        for c in contexts
+    ]
+
+
+def payoff_prior(vllm_config) -> list[list[float]] | None:
+    """sam.payoff.device_prior's entry point (``spec_rollout.step_cost_prior``): this engine's steps as the model
+    predicts them on its NVIDIA GPU (:func:`engine_prior`), or None on a CPU, an Ascend NPU or a GPU without data-sheet
+    figures here: the payoff rule then starts from its CPU-shaped prior."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cuda():
+        return None
+    import torch
+
+    device = device_named(torch.cuda.get_device_name())
+    return None if device is None else engine_prior(vllm_config, device)
+
+
+def engine_prior(vllm_config, device: Device) -> list[list[float]]:
+    """:func:`prior_steps` for a vLLM engine's model (its shape and dtype from the engine's config), batch range,
+    context range and K on ``device`` with :data:`GPU_FIT`; tensor parallelism as a device with that many GPUs' peaks
+    (its all-reduce not counted)."""
+    import torch
+
+    model = vllm_config.model_config
+    text = model.hf_text_config
+    fields = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "vocab_size")
+    config = {key: getattr(text, key) for key in fields}
+    config["num_key_value_heads"] = getattr(text, "num_key_value_heads", None) or config["num_attention_heads"]
+    config["head_dim"] = getattr(text, "head_dim", None) or config["hidden_size"] // config["num_attention_heads"]
+    shape = shape_from_config(str(model.model), config, torch.empty(0, dtype=model.dtype).element_size())
+    tp = int(vllm_config.parallel_config.tensor_parallel_size)
+    device = Device(f"{device.name}x{tp}", device.peak_flops * tp, device.bandwidth * tp)
+    return prior_steps(
+        shape, device, GPU_FIT, int(vllm_config.scheduler_config.max_num_seqs), int(model.max_model_len),
+        int(vllm_config.speculative_config.num_speculative_tokens),
+    )  # fmt: skip

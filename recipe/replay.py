@@ -64,8 +64,10 @@ def replay(
     step_cost: StepCost,
     max_num_seqs: int = 256,
     tail: int = 8,
+    prefill: Callable[[int], float] | None = None,
 ) -> ReplayResult:
-    """Replay a rollout of responses of ``lengths`` tokens (requests admitted in order) with ``drafter``.
+    """Replay a rollout of responses of ``lengths`` tokens (requests admitted in order) with ``drafter``;
+    ``prefill(n)``: the seconds prefilling ``n`` prompts admitted at once adds to the step that admits them (None: free).
 
     Between two finishes the batch is fixed and every context grows by the same tokens a step, and a step's cost is
     affine in the contexts' sum (recipe/cost_model.py), so each such stretch of steps is priced at once, at its middle
@@ -78,10 +80,12 @@ def replay(
     steps = drafted = 0
     while remaining or todo.size:
         free = max_num_seqs - todo.size
+        prefill_s = 0.0
         if free > 0 and remaining:
             admitted = [remaining.pop() for _ in range(min(free, len(remaining)))]
             todo = np.concatenate([todo, admitted])
             done = np.concatenate([done, np.zeros(len(admitted))])
+            prefill_s = prefill(len(admitted)) if prefill else 0.0
         batch = int(todo.size)
         contexts = prompt_tokens + done
         drafts = drafter.k > 0
@@ -91,8 +95,8 @@ def replay(
             tokens = tokens if drafts else 1.0
         n = max(1, int(np.ceil(float(np.min(todo - done)) / tokens - 1e-9)))  # steps until the next request finishes
         step = step_cost(batch, contexts + tokens * (n - 1) / 2, drafter.k if drafts else 0)
-        seconds += step * n
-        tail_seconds += step * n if batch <= tail else 0.0
+        seconds += step * n + prefill_s
+        tail_seconds += step * n + prefill_s if batch <= tail else 0.0
         steps += n
         drafted += n if drafts else 0
         done = done + tokens * n

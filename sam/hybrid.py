@@ -118,7 +118,7 @@ class HybridSAM(SAMProposer):
             return False
         if not self._head_usable(rows) or not self.step_cost.known:
             return True
-        a, b, c, e, f = self.step_cost.coef.tolist()
+        a, b, c, e, f = self._cost.tolist()
         margin = self.options.payoff_margin
         plain = max(a + b * rows, 1e-12)
         token_cost = (1.0 + margin) * rows * c / plain
@@ -148,7 +148,7 @@ class HybridSAM(SAMProposer):
         mixed_chances = np.where(head[:, None], 0.0, chances)
         mixed_chances[head, 0] = self.head_chance[head]
         mixed_lengths = np.where(head, 1, lengths)
-        cost = self.step_cost.coef.copy()
+        cost = self._cost.copy()
         cost[4] += self.head_row_seconds
         mixed, mixed_token_cost = payoff_cut(mixed_chances, mixed_lengths, rows, cost, self.options.payoff_margin)
         head_rows = head & (mixed > 0)
@@ -163,7 +163,7 @@ class HybridSAM(SAMProposer):
         """Expected tokens per second of a step that sends ``lengths`` of drafts with these chances."""
         kept = np.arange(chances.shape[1])[None, :] < lengths[:, None]
         drafted = int(lengths.sum())
-        seconds = self.step_cost.seconds(rows, drafted) + (self.head_row_seconds * rows if head else 0.0)
+        seconds = self.step_cost.seconds(rows, drafted, self._context) + (self.head_row_seconds * rows if head else 0.0)
         return (rows + float(chances[kept].sum())) / max(seconds, 1e-12)
 
 

@@ -4,7 +4,8 @@ must beat the step without it.
 A speculative step costs ``a + b * rows + c * drafted + (e + f * rows) * (drafted > 0)`` seconds (rows: requests
 in the step; drafted: draft tokens it verifies; ``e + f * rows``: vLLM verifies a step with any draft through its
 rejection sampler instead of its plain sampler, every row of it: on a CPU with a large vocabulary that switch costs a
-big batch a large share of its step, results/real/verify_cost) and yields ``rows + sum of accepted`` tokens. Adding one draft token whose chance of being
+big batch a large share of its step, results/real/verify_cost; ``a`` and ``c`` grow with the context the step's
+requests hold, :class:`StepCost`) and yields ``rows + sum of accepted`` tokens. Adding one draft token whose chance of being
 accepted (together with every draft token before it) is ``p`` raises tokens per second exactly when
 ``p > c * tokens / seconds``, so each request drafts the prefix of its draft whose chances clear that threshold
 (Dinkelbach's iteration for a ratio, a few rounds), and the step drafts at all only if that beats the step without
@@ -13,7 +14,7 @@ a compute-bound CPU, where a drafted token costs about what a request does) noth
 spec off would; where the step is mostly fixed cost (the long tail, a memory-bound GPU) cheap drafts pass.
 
 Both sides are learned online in the proposer, from what vLLM reports anyway:
-- :class:`StepCost`: ``a, b, c, e, f`` by exponentially weighted non-negative least squares on the time between
+- :class:`StepCost`: ``a, b, c, e, f`` (and the context terms ``g, h``) by exponentially weighted non-negative least squares on the time between
   consecutive ``propose`` calls (one engine step), its rows and the draft tokens sent for it; ``c`` and ``f`` are pulled
   towards ``b`` (a drafted token, and switching a row to verification, cost what a request's token costs: a
   compute-bound step's price, about what this CPU measures) until drafting data say otherwise, so an engine that
@@ -32,6 +33,9 @@ Both sides are learned online in the proposer, from what vLLM reports anyway:
 """
 
 from __future__ import annotations
+
+import importlib.metadata
+import logging
 
 import numba as nb
 import numpy as np
@@ -181,47 +185,86 @@ def _count_draft(reached, accepted, group, band, level, drafted, hits) -> None:
             accepted[group, band, level[j], j] += 1.0
 
 
+TERMS = 7  # StepCost's terms: a, b, c, e, f, g, h
+PRIOR_STEPS = 16  # observed steps a device prior weighs as (StepCost)
+PRIOR_ENTRY_POINTS = "spec_rollout.step_cost_prior"  # where device_prior finds step-cost predictions (the recipe's)
 SOLVE_EVERY = (4, 16)  # the cost fit is solved every this many observed steps: the first while the fit is young
 SOLVE_YOUNG = 64  # (fewer observed steps than this), then the second: a solve right after the forward has evicted
 # the caches costs as much as much of the proposer's other work in a big batch
 
 
 @nb.njit(cache=True)
-def _forget_and_add(xtx, xty, decay, rows, drafted, seconds) -> None:
-    """``xtx = decay * xtx + x x'`` and ``xty = decay * xty + x * seconds``, in place, for a step's features ``x``
-    (:class:`StepCost`'s terms: 1, rows, drafted, switched, switched * rows): one compiled call instead of a dozen
-    array operations, each of them cache misses after the engine's forward."""
+def _forget_and_add(xtx, xty, decay, rows, drafted, context, seconds, weight) -> None:
+    """``xtx = decay * xtx + w x x'`` and ``xty = decay * xty + w x * seconds``, in place, for a step's features ``x``
+    (:class:`StepCost`'s terms: 1, rows, drafted, switched, switched * rows, context, drafted * context / rows): one
+    compiled call instead of a
+    dozen array operations, each of them cache misses after the engine's forward."""
     switched = 1.0 if drafted > 0 else 0.0
-    x = (1.0, float(rows), float(drafted), switched, switched * rows)
-    for i in range(5):
-        xty[i] = decay * xty[i] + x[i] * seconds
-        for j in range(5):
-            xtx[i, j] = decay * xtx[i, j] + x[i] * x[j]
+    attended = drafted * context / rows if rows > 0 else 0.0
+    x = (1.0, float(rows), float(drafted), switched, switched * rows, float(context), attended)
+    for i in range(TERMS):
+        xty[i] = decay * xty[i] + weight * x[i] * seconds
+        for j in range(TERMS):
+            xtx[i, j] = decay * xtx[i, j] + weight * x[i] * x[j]
 
 
 class StepCost:
-    """Seconds of an engine step as ``a + b * rows + c * drafted + (e + f * rows) * (drafted > 0)``, by non-negative
-    least squares with exponential forgetting."""
+    """Seconds of an engine step as ``a + b * rows + c * drafted + (e + f * rows) * (drafted > 0) + g * context
+    + h * drafted * context / rows``, by non-negative least squares with exponential forgetting. ``context``: the
+    tokens the step's requests hold (prompt and response so far), the KV cache a step reads once however many tokens
+    each row verifies, so that long contexts make the plain step dearer and a draft relatively cheaper (a memory-bound
+    accelerator's case); each drafted token also attends over its request's context (``h``, at the mean context).
 
-    def __init__(self, decay: float = 0.99, prior_steps: float = 0.05) -> None:
+    ``prior``: ``[rows, drafted, context, seconds]`` steps the fit starts from, weighed as :data:`PRIOR_STEPS`
+    observed steps and forgotten as they are (the recipe's step-cost model's prediction for the engine's model and
+    device, :func:`device_prior`); the cost is then priced and known before the engine's first timed step. Without
+    one, the prior is the CPU-shaped tie of :meth:`_solve` (a draft token costs about a request's)."""
+
+    def __init__(self, decay: float = 0.99, prior_steps: float = 0.05, prior: list[list[float]] | None = None) -> None:
         self.decay = decay
         self.prior_steps = prior_steps
-        self.xtx = np.zeros((5, 5))
-        self.xty = np.zeros(5)
+        self.xtx = np.zeros((TERMS, TERMS))
+        self.xty = np.zeros(TERMS)
         self.steps = 0.0  # weight of the observations held
-        self.coef = np.zeros(5)  # a, b, c, e, f
+        self.coef = np.zeros(TERMS)  # a, b, c, e, f, g, h
         self._observed = 0
         self.drafted_steps = 0  # observed steps that carried drafts (what c, e and f are learned from)
+        self.from_prior = bool(prior)  # the cost was given a prior for this engine's model and device
+        self.prior_coef = np.zeros(TERMS)  # that prior's cost, which the fit is pulled towards ...
+        self.prior_scale = np.zeros(TERMS)  # ... per term in its own units (the prior steps' mean squared feature)
+        self.prior_weight = 0.0  # ... with the weight of this many steps, forgotten as observed steps are
+        if prior:
+            xtx, xty = np.zeros((TERMS, TERMS)), np.zeros(TERMS)
+            for rows, drafted, context, seconds in prior:
+                _forget_and_add(xtx, xty, 1.0, int(rows), int(drafted), float(context), float(seconds), 1.0)
+            self.prior_scale = np.diag(xtx) / len(prior)
+            self.prior_coef = _nonnegative_solve(xtx + 1e-9 * np.diag(np.diag(xtx) + 1.0), xty)
+            self.prior_weight = float(PRIOR_STEPS)
+            self.coef = self.prior_coef.copy()
 
-    def seconds(self, rows: int, drafted: int) -> float:
-        a, b, c, e, f = self.coef.tolist()
-        return a + b * rows + c * drafted + (e + f * rows) * (drafted > 0)
+    def seconds(self, rows: int, drafted: int, context: float = 0.0) -> float:
+        a, b, c, e, f, g, h = self.coef.tolist()
+        attended = drafted * context / rows if rows > 0 else 0.0
+        return a + b * rows + c * drafted + (e + f * rows) * (drafted > 0) + g * context + h * attended
 
-    def observe(self, rows: int, drafted: int, seconds: float) -> None:
-        if self.priced:  # a stall (another process, a pause) must not teach that drafts are dear or free
-            seconds = min(seconds, 4.0 * self.seconds(rows, drafted) + 1e-4)
-        _forget_and_add(self.xtx, self.xty, self.decay, rows, drafted, seconds)
+    def at(self, rows: int, context: float) -> np.ndarray:
+        """``[a + g * context, b, c + h * context / rows, e, f]``: the cost of a step of ``rows`` requests holding
+        ``context`` tokens, in the form :func:`payoff_cut` and :func:`nothing_can_pay` price a step by."""
+        cost = self.coef[:5].copy()
+        cost[0] += self.coef[5] * context
+        cost[2] += self.coef[6] * context / max(rows, 1)
+        return cost
+
+    def observe(self, rows: int, drafted: int, seconds: float, context: float = 0.0) -> None:
+        # a stall (another process, a pause) must not teach that drafts are dear or free: a step is clipped at 4x
+        # what the fit predicts or the mean observed step, whichever is more (a fit still between a device prior that
+        # is some times off and the engine's own steps would clip the real steps by its prediction alone, and keep them)
+        if self._observed >= PRICED_AFTER:
+            typical = max(self.seconds(rows, drafted, context), self.xty[0] / max(self.steps, 1e-9))
+            seconds = min(seconds, 4.0 * typical + 1e-4)
+        _forget_and_add(self.xtx, self.xty, self.decay, rows, drafted, context, seconds, 1.0)
         self.steps = self.decay * self.steps + 1.0
+        self.prior_weight *= self.decay
         self.drafted_steps += int(drafted > 0)
         self._observed += 1
         every = SOLVE_EVERY[self._observed >= SOLVE_YOUNG]
@@ -229,41 +272,52 @@ class StepCost:
             self._solve()
 
     def _solve(self) -> None:
-        # ridge pulling c and f towards b with the weight of prior_steps steps in each column's units (drafted
-        # counts and switched rows like rows), e towards 0 as one step, a little towards 0 overall
-        scale = self.xtx[1, 1] / max(self.steps, 1e-9)
-        draft_tie = np.array([0.0, -1.0, 1.0, 0.0, 0.0])
-        switch_tie = np.array([0.0, -1.0, 0.0, 0.0, 1.0])
-        fixed_switch = np.array([0.0, 0.0, 0.0, 1.0, 0.0])
-        reg = self.prior_steps * (
-            scale * (np.outer(draft_tie, draft_tie) + np.outer(switch_tie, switch_tie))
-            + np.outer(fixed_switch, fixed_switch)
-        )
-        reg += 1e-9 * np.eye(5) * (1.0 + scale)
-        # costs are non-negative: the best non-negative fit, not the free fit clipped (a per-row cost that noise made
-        # negative, clipped to 0, left the fixed cost it had inflated: every step was then priced too dear)
-        try:
-            chol = np.linalg.cholesky(self.xtx + reg)
-        except np.linalg.LinAlgError:
-            return
-        self.coef, _ = scipy.optimize.nnls(chol.T, scipy.linalg.solve_triangular(chol, self.xty, lower=True))
+        steps = max(self.steps, 1e-9)
+        scale = self.xtx[1, 1] / steps
+        if self.from_prior:  # pulled towards the device prior's cost at the prior's weight in steps like the ones
+            # observed (each term in the units of the observed steps' features once there are some)
+            units = np.diag(self.xtx) / steps if self.steps >= 1.0 else self.prior_scale
+            pull = self.prior_weight * np.diag(units)
+            reg, rhs = pull, self.xty + pull @ self.prior_coef
+        else:
+            # ridge pulling c and f towards b with the weight of prior_steps steps in each column's units (drafted
+            # counts and switched rows like rows), e towards 0 as one step, g and h towards 0 in their own units (a
+            # context term the steps cannot tell from rows and drafts stays out)
+            draft_tie = np.array([0.0, -1.0, 1.0, 0.0, 0.0, 0.0, 0.0])
+            switch_tie = np.array([0.0, -1.0, 0.0, 0.0, 1.0, 0.0, 0.0])
+            fixed_switch = np.array([0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0])
+            context = np.diag([0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0]) * np.diag(self.xtx) / steps
+            reg = self.prior_steps * (
+                scale * (np.outer(draft_tie, draft_tie) + np.outer(switch_tie, switch_tie))
+                + np.outer(fixed_switch, fixed_switch)
+                + context
+            )
+            rhs = self.xty
+        # and a little towards 0 overall, each term in its own units
+        coef = _nonnegative_solve(self.xtx + reg + 1e-9 * np.diag(np.diag(self.xtx) / steps + 1.0), rhs)
+        if coef is not None:
+            self.coef = coef
 
     @property
     def priced(self) -> bool:
-        """Whether enough steps were timed to price a step without drafts (exploring steps may then draft)."""
-        return self.steps >= PRICED_AFTER
+        """Whether enough steps were timed (or given by a device prior) to price a step without drafts (exploring
+        steps may then draft)."""
+        return self.steps + self.prior_weight >= PRICED_AFTER
 
     @property
     def known(self) -> bool:
-        """Whether a draft token has a price: from a timed step that carried drafts, or from the prior where a
-        request's cost is a real share of a step's (:data:`PRIOR_MIN_ROW_SHARE`)."""
+        """Whether a draft token has a price: from a device prior, from a timed step that carried drafts, or from the
+        CPU-shaped prior where a request's cost is a real share of a step's (:data:`PRIOR_MIN_ROW_SHARE`)."""
         if not self.priced:
             return False
-        return self.drafted_steps > 0 or self.coef[1] * self.xtx[0, 1] >= PRIOR_MIN_ROW_SHARE * self.xty[0]
+        if self.from_prior or self.drafted_steps > 0:
+            return True
+        return self.coef[1] * self.xtx[0, 1] >= PRIOR_MIN_ROW_SHARE * self.xty[0]
 
     @property
     def exploring(self) -> bool:
-        """Whether too few steps with drafts were seen to price drafting (:data:`EXPLORE_UNTIL`)."""
+        """Whether too few steps with drafts were seen to price drafting (:data:`EXPLORE_UNTIL`); a device prior's
+        price is checked the same way, by the engine's own drafted steps."""
         return self.drafted_steps < EXPLORE_UNTIL
 
 
@@ -272,9 +326,10 @@ class PinnedStepCost(StepCost):
 
     def __init__(self, coef: list[float]) -> None:
         super().__init__()
-        self.coef = np.asarray(coef, dtype=np.float64)
+        self.coef = np.zeros(TERMS)
+        self.coef[: len(coef)] = coef  # [a, b, c, e, f], with g or g and h
 
-    def observe(self, rows: int, drafted: int, seconds: float) -> None:
+    def observe(self, rows: int, drafted: int, seconds: float, context: float = 0.0) -> None:
         pass
 
     @property
@@ -288,6 +343,36 @@ class PinnedStepCost(StepCost):
     @property
     def exploring(self) -> bool:
         return False  # nothing to learn: drafting depends on the tokens alone
+
+
+def _nonnegative_solve(gram: np.ndarray, rhs: np.ndarray) -> np.ndarray | None:
+    """The non-negative ``x`` minimising ``x' G x - 2 x' r`` (least squares from its normal equations), or None where
+    ``G`` is not positive definite. Costs are non-negative: the best non-negative fit, not the free fit clipped (a
+    per-row cost that noise made negative, clipped to 0, left the fixed cost it had inflated: every step was then
+    priced too dear)."""
+    try:
+        chol = np.linalg.cholesky(gram)
+    except np.linalg.LinAlgError:
+        return None
+    return scipy.optimize.nnls(chol.T, scipy.linalg.solve_triangular(chol, rhs, lower=True))[0]
+
+
+def device_prior(vllm_config) -> list[list[float]] | None:
+    """The steps (``[rows, drafted, context, seconds]``) a step-cost model predicts for this engine's model on its
+    device, from the first entry point of :data:`PRIOR_ENTRY_POINTS` that answers (the recipe registers
+    ``recipe.cost_model:payoff_prior``: a plugin point, so that sam does not import the recipe); None where none
+    does (a CPU, a device the model has no figures for)."""
+    for entry in importlib.metadata.entry_points(group=PRIOR_ENTRY_POINTS):
+        try:
+            prior = entry.load()(vllm_config)
+        except Exception:  # a prior is an optimisation: the learned cost still works without one
+            logging.getLogger(__name__).exception(
+                "step-cost prior %s failed; learning the step cost from scratch", entry.name
+            )
+            continue
+        if prior:
+            return prior
+    return None
 
 
 def nothing_can_pay(model: AcceptanceModel, rows: int, cost: np.ndarray, margin: float = 0.0) -> bool:

@@ -90,9 +90,13 @@ class SAMOptions:
     defer_idle: bool = True  # with the payoff rule, where nothing can pay, leave the drafter's work (taking the
     # step's tokens, shadow drafts) to one step in sam.payoff.CATCH_UP_EVERY: most steps of a big batch then cost the
     # drafter next to nothing; False: it works every step
-    payoff_cost: list[float] | None = None  # the step cost [a, b, c, e, f] in seconds (sam/payoff.py) instead of
-    # learning it from the engine's step times: drafting then depends on the tokens alone, so a seeded run samples
-    # the same tokens on every run (None: learned, which follows the machine but not token for token)
+    payoff_cost: list[float] | None = None  # the step cost [a, b, c, e, f] (and g, h: its context terms) in seconds
+    # (sam/payoff.py) instead of learning it from the engine's step times: drafting then depends on the tokens alone,
+    # so a seeded run samples the same tokens on every run (None: learned, which follows the machine but not token for
+    # token)
+    device_prior: bool = True  # the learned step cost starts from the step-cost model's prediction for the engine's
+    # model on its accelerator (sam.payoff.device_prior; recipe/cost_model.py), not from the CPU-shaped prior; it is
+    # still learned. No effect on a CPU or a device the model has no figures for
 
     def rules(self) -> DraftRules:
         """The options the compiled step (:func:`sam.automaton.step_rows`) reads, typed as it reads them."""
@@ -128,8 +132,10 @@ class SAMOptions:
             raise ValueError(f"SAM option prior_decay must be >= 0, got {opts.prior_decay}")
         if not 0 <= opts.min_token_prob <= 1:
             raise ValueError(f"SAM option min_token_prob must be in [0, 1], got {opts.min_token_prob}")
-        if opts.payoff_cost is not None and (len(opts.payoff_cost) != 5 or min(opts.payoff_cost) < 0):
-            raise ValueError(f"SAM option payoff_cost must be 5 seconds >= 0 [a, b, c, e, f], got {opts.payoff_cost}")
+        if opts.payoff_cost is not None and (len(opts.payoff_cost) not in (5, 6, 7) or min(opts.payoff_cost) < 0):
+            raise ValueError(
+                f"SAM option payoff_cost must be 5 to 7 numbers >= 0 [a, b, c, e, f(, g, h)], got {opts.payoff_cost}"
+            )
         if opts.payoff_margin < 0:
             raise ValueError(f"SAM option payoff_margin must be >= 0, got {opts.payoff_margin}")
         if opts.min_match_counted < 1:

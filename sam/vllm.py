@@ -36,6 +36,7 @@ from sam.payoff import (
     PinnedStepCost,
     ShadowDrafts,
     StepCost,
+    device_prior,
     nothing_can_pay,
     payoff_cut,
 )
@@ -130,12 +131,15 @@ class SAMProposer:
         # calls] by the step's scheduled rows: the drafter's own share of the engine's steps, by batch size
         # the payoff rule (sam/payoff.py): step cost and acceptance learned from this engine's own steps
         pinned = self.options.payoff_cost
-        self.step_cost = StepCost() if pinned is None else PinnedStepCost(pinned)
+        prior = device_prior(vllm_config) if pinned is None and self.options.device_prior else None
+        self.step_cost = StepCost(prior=prior) if pinned is None else PinnedStepCost(pinned)
         self.acceptance = AcceptanceModel(self.k, levels=self.options.scored)
         self.shadows = ShadowDrafts(self.k)
         self.clock = time.perf_counter  # what step times are read from
         self._last_call: float | None = None  # when propose was last entered: one engine step ago
         self._last_drafted = 0  # draft tokens sent at the last call (verified in the step that just ran)
+        self._context = 0.0  # tokens this step's rows hold (prompt and response so far): the step cost's context term
+        self._cost = self.step_cost.at(1, 0.0)  # the step cost at this step's context ([a, b, c, e, f], sam/payoff.py)
         self._token_cost = 0.0  # the chance a draft token had to exceed at the last payoff cut: the drafter picks
         # each request's source by what its draft gains at that cost (sam.automaton.step_rows)
         self._quiet = False  # the last payoff cut sent nothing although the bound could not rule drafts out
@@ -329,10 +333,10 @@ class SAMProposer:
         return np.array(slots, dtype=np.int64), len(new)
 
     def _time_step(self, now: float, rows: int, prefilled: int) -> None:
-        """The time of the step that just ran, against its rows and the drafts verified in it (a step that prefilled
-        a prompt is not a decode step's cost and is not timed)."""
+        """The time of the step that just ran, against its rows, the drafts verified in it and its rows' context (a
+        step that prefilled a prompt is not a decode step's cost and is not timed)."""
         if self._last_call is not None and prefilled == 0 and rows > 0:
-            self.step_cost.observe(rows, self._last_drafted, now - self._last_call)
+            self.step_cost.observe(rows, self._last_drafted, now - self._last_call, self._context)
         self._last_call = now
 
     def _settle(self, slots, tokens, offsets) -> None:
@@ -363,7 +367,7 @@ class SAMProposer:
 
     def _cut(self, rows: int, chances: np.ndarray, lengths: np.ndarray) -> np.ndarray:
         """The payoff cut of this step's drafts (:func:`sam.payoff.payoff_cut`), keeping the token cost it found."""
-        lengths, self._token_cost = payoff_cut(chances, lengths, rows, self.step_cost.coef, self.options.payoff_margin)
+        lengths, self._token_cost = payoff_cut(chances, lengths, rows, self._cost, self.options.payoff_margin)
         return lengths
 
     def _nothing_can_pay(self, rows: int) -> bool:
@@ -379,7 +383,7 @@ class SAMProposer:
             return False
         if not self.step_cost.known:
             return True
-        return nothing_can_pay(self.acceptance, rows, self.step_cost.coef, self.options.payoff_margin)
+        return nothing_can_pay(self.acceptance, rows, self._cost, self.options.payoff_margin)
 
     def _defers(self, idle: bool) -> bool:
         """Whether this step may leave the drafter's work to a later one (:meth:`propose`): where nothing can pay, or
@@ -399,7 +403,7 @@ class SAMProposer:
             return True
         if idle or not self.step_cost.known:
             return False
-        return not nothing_can_pay(self.acceptance, rows, self.step_cost.coef, self.options.payoff_margin)
+        return not nothing_can_pay(self.acceptance, rows, self._cost, self.options.payoff_margin)
 
     def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, *args, **kwargs) -> list[list[int]]:
         """Drafts for vLLM's rows. With the payoff rule, a step where nothing can pay does no drafter work but
@@ -417,6 +421,7 @@ class SAMProposer:
         rows = len(sampled_token_ids)
         req_ids = self.runner.input_batch.req_ids[:rows]
         payoff = self.options.payoff
+        self._context = float(np.sum(num_tokens_no_spec[:rows]))
         if req_ids == self._rows:
             slots, prefilled = self._row_slots, 0
             self.preempted_steps += len(self.slot_of) - rows  # tracked without a row: preempted
@@ -425,6 +430,7 @@ class SAMProposer:
             self._rows, self._row_slots = (req_ids if (slots >= 0).all() else None), slots
         if payoff:
             self._time_step(now, rows, prefilled)
+            self._cost = self.step_cost.at(rows, self._context)
         self._quiet &= not prefilled  # new requests bring new drafts (and a checkpoint, between rollouts, keeps none)
         idle = payoff and self._nothing_can_pay(rows)
         if self._defers(idle) and self.steps % CATCH_UP_EVERY:

@@ -22,5 +22,6 @@ BENCHMARKS: dict[str, tuple[str, str]] = {  # name -> (module under recipe.bench
         "cost_model",
         "the step-cost model fitted to measured step tables and checked where it was not fitted",
     ),
+    "replay": ("replay", "recorded rollouts replayed on the step-cost model; Qwen3-8B/32B on H100/H200 predicted"),
     "base-model": ("base_model", "the embedded base model: pass@1, greedy accuracy, MTP acceptance"),
 }

@@ -7,7 +7,9 @@
   quoted in issue #94 from EfficientRollout (arXiv 2606.18967), predicted from the H200 fit carried to Qwen2.5-7B's
   shape on ``--paper-device`` at ``--paper-context``: never fitted;
 - ``cpu-smollm2``: SmolLM2-135M in float32 in a vLLM CPU engine on 2 cores (results/real/verify_cost/
-  verify_cost.json), fitted on the batches of ``--cpu-fit-batches``, the other batches held out.
+  verify_cost.json), fitted on the batches of ``--cpu-fit-batches``, the other batches held out;
+- ``<gpu>-<shape>``: a table ``recipe.bench verify-cost-gpu --shape qwen3-8b --out results/cost_model`` measured
+  (``--gpu-table``), predicted from the H200 fit on its device's data sheet: never fitted. Absent until a GPU ran it.
 
     python -m recipe.bench cost-model
 """
@@ -21,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from recipe.cost_model import DEVICES, SHAPES, Cell, cell_errors, fit, max_abs_error
+from recipe.cost_model import DEVICES, SHAPES, Cell, cell_errors, device_named, fit, max_abs_error
 from recipe.paths import RESULTS_DIR
 
 MEASURED = RESULTS_DIR / "real" / "verify_cost"
@@ -30,14 +32,16 @@ PAPER_7B_K7 = {1: 1.06, 8: 1.30, 16: 1.35, 32: 1.70, 64: 2.70}
 CPU_CONTEXT = 132  # the word problems' chat-templated prompts (about 120 tokens) and half of the 24 decoded tokens
 
 
-def h200_cells() -> list[Cell]:
-    rows = json.loads((MEASURED / "verify_cost_gpu.json").read_text())["rows"]
+def gpu_cells(rows: list[dict], table: str) -> list[Cell]:
+    """A verify-cost-gpu table's steps: each batch and context's plain step and every K's verify step, seconds."""
     context = {(r["batch"], r.get("context", 320)) for r in rows}  # the table before --contexts held 320 only
     plain = {(r["batch"], r.get("context", 320)): r["plain_ms"] for r in rows}
-    cells = [Cell("h200-smollm2", b, 0, float(c), plain[b, c] / 1e3) for b, c in sorted(context)]
-    return cells + [
-        Cell("h200-smollm2", r["batch"], r["k"], float(r.get("context", 320)), r["step_ms"] / 1e3) for r in rows
-    ]
+    cells = [Cell(table, b, 0, float(c), plain[b, c] / 1e3) for b, c in sorted(context)]
+    return cells + [Cell(table, r["batch"], r["k"], float(r.get("context", 320)), r["step_ms"] / 1e3) for r in rows]
+
+
+def h200_cells() -> list[Cell]:
+    return gpu_cells(json.loads((MEASURED / "verify_cost_gpu.json").read_text())["rows"], "h200-smollm2")
 
 
 def cpu_cells() -> list[Cell]:
@@ -55,6 +59,12 @@ def main() -> None:
     parser.add_argument("--paper-device", default="h100", choices=sorted(DEVICES))
     parser.add_argument("--paper-context", type=float, default=2048.0, help="KV tokens per request in the paper cells")
     parser.add_argument("--cpu-fit-batches", default="1,8,64", help="CPU batches fitted; the rest are held out")
+    parser.add_argument(
+        "--gpu-table",
+        type=Path,
+        default=RESULTS_DIR / "cost_model" / "verify_cost_gpu.json",
+        help="a verify-cost-gpu table of another shape, predicted from the H200 fit (skipped where absent)",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "cost_model")
     args = parser.parse_args()
     try:
@@ -73,9 +83,19 @@ def main() -> None:
     cpu_fit = fit([c for c in cpu_all if c.batch in cpu_fit_batches], cpu_shape, cpu)
     cpu_rows = cell_errors(cpu_all, cpu_shape, cpu, cpu_fit)
 
+    measured_gpu = []
+    if args.gpu_table.is_file():
+        table = json.loads(args.gpu_table.read_text())
+        device = device_named(table["device"])
+        if device is None:
+            parser.error(f"--gpu-table {args.gpu_table}: no data sheet for device {table['device']!r}")
+        name = f"{device.name}-{table['shape']}"
+        cells = gpu_cells(table["rows"], name)
+        measured_gpu = cell_errors(cells, SHAPES[table["shape"]], device, gpu_fit)
     rows = [
         *({**r, "fitted": "yes"} for r in cell_errors(h200, smollm2, gpu, gpu_fit)),
         *({**r, "fitted": "no"} for r in paper_rows),
+        *({**r, "fitted": "no"} for r in measured_gpu),
         *({**r, "fitted": "yes" if int(r["cell"].split(",")[0][2:]) in cpu_fit_batches else "no"} for r in cpu_rows),
     ]
     args.out.mkdir(parents=True, exist_ok=True)
@@ -93,7 +113,7 @@ def main() -> None:
             f"{table}, fitted={fitted}": max_abs_error(
                 [r for r in rows if r["table"] == table and r["fitted"] == fitted]
             )
-            for table in ("h200-smollm2", "paper-7b", "cpu-smollm2")
+            for table in dict.fromkeys(r["table"] for r in rows)
             for fitted in ("yes", "no")
             if any(r["table"] == table and r["fitted"] == fitted for r in rows)
         },

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import gzip
 import json
 import math
 from collections.abc import Sequence
@@ -42,6 +43,8 @@ from recipe.ab.stats import ratio_interval_text
 from recipe.engine import HEAD_METHODS, SAM_METHODS
 from recipe.paths import REPO_ROOT
 from recipe.provenance import commit, machine
+
+TIMELINES = "timelines.jsonl.gz"  # beside rollouts.jsonl: one line per rollout, its engine-step timeline
 
 MODES = {  # mode -> (spec method, SAM options over configs/spec's); off, sam, mtp, hybrid, suffix: what spec=<mode> runs
     "off": ("off", None),
@@ -141,7 +144,7 @@ def engine_spec(method: str, k: int, schedule: list[list[int]] | None = None) ->
     if method == "noop":
         return {
             "method": "custom_class",
-            "model": f"{Path(__file__).stem}.NoDraftProposer",
+            "model": f"{__name__}.NoDraftProposer",
             "num_speculative_tokens": k,
         }
     # configs/spec/<method>.yaml, K and schedule set
@@ -771,6 +774,9 @@ def main() -> None:
     timelines: dict[str, list] = {name: [] for name in engines}
     out.mkdir(parents=True, exist_ok=True)
     rollout_log = open(out / "rollouts.jsonl", "w")  # written as the rollouts come, closed after the last
+    # every rollout's engine-step timeline and its prompts' lengths: what `recipe.bench replay` predicts it from
+    timeline_log = gzip.open(out / TIMELINES, "wt")
+    prompt_tokens = [len(p) for p in prompts]
     for rep in range(args.repeats):
         names = list(engines)
         for name in names[rep % len(names) :] + names[: rep % len(names)]:
@@ -787,7 +793,13 @@ def main() -> None:
             print(rep, name, json.dumps({k: round(v, 3) for k, v in s.items()}))
             rollout_log.write(json.dumps({"repeat": rep, "mode": name, **s}) + "\n")
             rollout_log.flush()
+            timeline_log.write(
+                json.dumps({"repeat": rep, "mode": name, "k": ks[name], "n": args.n, "prompt_tokens": prompt_tokens,
+                            "timeline": result.timeline.to_json()}) + "\n"
+            )  # fmt: skip
+            timeline_log.flush()
     rollout_log.close()
+    timeline_log.close()
     rows = []
     for name, summaries in runs.items():
         row = {"mode": name, "k": ks[name], **rollout_row(summaries)}

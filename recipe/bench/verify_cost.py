@@ -99,7 +99,7 @@ def main() -> None:
     for k in ["1of", *ks]:
         spec = {
             "method": "custom_class",
-            "model": f"{Path(__file__).stem}.{'OneDraftProposer' if k == '1of' else 'FixedDraftProposer'}",
+            "model": f"{__name__}.{'OneDraftProposer' if k == '1of' else 'FixedDraftProposer'}",
             "num_speculative_tokens": 1 if k == "1of" else k,
         }
         engines[k] = RolloutEngine(str(ckpt), spec, options, free_cache_engine=False)

@@ -1,10 +1,13 @@
 """The embedded checkpoint in real vLLM: loaded as MiMoForCausalLM, same greedy tokens as the training
 module, and its MTP layer drafts (method "mtp")."""
 
+import json
+
 import pytest
 import torch
 
 from mtp.checkpoint import load_checkpoint
+from recipe.cost_model import DEVICES, GPU_FIT, prior_steps, shape_from_config
 from recipe.engine import EngineOptions, SpecCounters, make_llm, spec_counters, speculative_config
 from recipe.lossless_harness import GREEDY_PROMPTS, prompt_ids
 
@@ -142,16 +145,21 @@ def test_heads_swapped_in_one_engine_sample_as_fresh_engines_of_each_head_checkp
 
 
 def _payoff_state(worker) -> dict:
-    """Runs in the vLLM worker: what SAM's payoff rule learned from the engine's own steps."""
+    """Runs in the vLLM worker: what SAM's payoff rule learned from the engine's own steps, and the device prior this
+    engine's config would give it on an H100."""
+    from recipe.cost_model import engine_prior
+
     proposer = worker.model_runner.drafter
     fit = proposer.step_cost
     return {
+        "h100_prior": engine_prior(worker.vllm_config, DEVICES["h100"]),
         "cost": fit.coef.tolist(),
         "mean_step_s": float(fit.xty[0] / fit.steps),  # the (decayed) mean of the steps it timed ...
         "fitted_mean_step_s": float(fit.coef @ (fit.xtx[0] / fit.steps)),  # ... and what its fit says they cost
         "known": proposer.step_cost.known,
         "settled_drafts": proposer.acceptance.observed,
         "drafted_steps": proposer.step_cost.drafted_steps,
+        "from_prior": proposer.step_cost.from_prior,
     }
 
 
@@ -177,7 +185,15 @@ def test_sam_default_learns_its_step_cost_and_acceptance_inside_the_engine(harne
         state = llm.collective_rpc(_payoff_state)[0]
     finally:
         llm.llm_engine.engine_core.shutdown()
-    a, b, c, e, f = state["cost"]
+    a, b, c, e, f, g, h = state["cost"]
+    assert not state["from_prior"], state  # a CPU engine: no device prior (recipe.cost_model.payoff_prior), as before
+    # on an H100 the prior would be the cost model's steps for this engine's model, batch and context range and K
+    config = json.loads((harness_model / "config.json").read_text())
+    shape = shape_from_config(str(harness_model), config, 4)
+    want = prior_steps(
+        shape, DEVICES["h100"], GPU_FIT, EngineOptions().max_num_seqs, 512, spec["num_speculative_tokens"]
+    )
+    assert state["h100_prior"] == pytest.approx(want, rel=1e-9)
     # which of a and b a tiny model's steps show depends on the machine (CI fitted b = 0, this one a = 0, 5% off the
     # mean through the origin): what must hold is that the fit prices the steps the engine timed, and that a draft
     # token has a price (where b = 0 the prior's is none, and the exploring steps' drafts give it one)

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import csv
+import gzip
+import json
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -57,3 +63,60 @@ def test_bands_and_lengths():
     assert [band_index(b) for b in (1, 2, 4, 5, 8, 9, 16, 17, 48, 49, 512)] == [0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5]
     lengths = response_lengths(10_000, 8192, 1500, 1.0)
     assert lengths.min() >= 1 and lengths.max() == 8192 and 1300 < np.median(lengths) < 1700
+
+
+def test_prefill_is_paid_once_per_admission_in_the_step_that_admits():
+    cost = replay([50] * 4, 10, SPEC_OFF, affine_cost, max_num_seqs=2).seconds
+    with_prefill = replay([50] * 4, 10, SPEC_OFF, affine_cost, max_num_seqs=2, prefill=lambda n: 0.5 * n)
+    assert with_prefill.seconds == pytest.approx(cost + 0.5 * 4)
+
+
+def test_the_cpu_replay_reads_a_recorded_rollout_and_writes_measured_beside_predicted(tmp_path):
+    """``recipe.bench replay cpu`` on a timeline as ``recipe.bench rollout`` records it (RolloutTimeline.to_json in
+    timelines.jsonl.gz): the measured seconds are the steps' durations, the prediction the replay's on the CPU fit."""
+    from types import SimpleNamespace
+
+    from recipe.bench.replay import by_band, measured
+    from recipe.dapo.timeline import RolloutTimeline
+
+    spec = SimpleNamespace(num_drafts=0, num_draft_tokens=0, num_accepted_tokens=0)
+    timeline = RolloutTimeline(num_requests=2)
+    timeline.step(0.0, 0.5, 2, 2, 2, spec, started=2)  # the prefill step
+    for i in range(9):
+        spec.num_drafts, spec.num_draft_tokens, spec.num_accepted_tokens = 2 * (i + 1), 2 * (i + 1), i + 1
+        timeline.step(0.5 + 0.03 * i, 0.03, 2, 2, 3, spec)
+    timeline.step(0.8, 0.02, 1, 1, 1, spec)
+    timeline.finish("a", 19, 0.8)
+    timeline.finish("b", 20, 0.82)
+    tokens, drafts = by_band(timeline.to_json())
+    assert tokens[1] == pytest.approx(27 / 18) and drafts[1] == pytest.approx(1.0) and tokens[0] == 1.0
+    assert measured(timeline.to_json()) == pytest.approx(0.5 + 9 * 0.03 + 0.02)
+    path = tmp_path / "timelines.jsonl.gz"
+    with gzip.open(path, "wt") as fh:
+        for mode in ("off", "suffix"):
+            record = {"repeat": 0, "mode": mode, "k": 3, "n": 2, "prompt_tokens": [30], "timeline": timeline.to_json()}
+            fh.write(json.dumps(record) + "\n")
+    run = subprocess.run(
+        [sys.executable, "-m", "recipe.bench", "replay", "cpu", "--whole", str(path), "--tail-run", str(path),
+         "--out", str(tmp_path)],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    rows = list(csv.DictReader(open(tmp_path / "replay_cpu.csv")))
+    assert [(r["mode"], r["regime"]) for r in rows] == [("off", "whole"), ("suffix", "whole"), ("off", "tail"),
+                                                        ("suffix", "tail")]  # fmt: skip
+    whole = {r["mode"]: r for r in rows if r["regime"] == "whole"}
+    assert float(whole["off"]["measured"]) == pytest.approx(0.79, rel=1e-3)
+    # one scale fixed on spec off's whole rollouts: off predicted exactly there, and marked as fitted
+    assert float(whole["off"]["predicted"]) == pytest.approx(0.79, rel=1e-3) and whole["off"]["fitted"] == "yes"
+    assert {r["fitted"] for r in rows if r["mode"] != "off" or r["regime"] == "tail"} == {"no"}
+    # the same responses in fewer steps, each verifying a draft: the prediction differs from spec off's
+    assert float(whole["suffix"]["predicted"]) != pytest.approx(float(whole["off"]["predicted"]), rel=1e-3)
+
+
+def test_a_missing_timelines_file_is_one_line(tmp_path):
+    run = subprocess.run(
+        [sys.executable, "-m", "recipe.bench", "replay", "cpu", "--whole", str(tmp_path / "none.jsonl.gz")],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert run.returncode == 2 and "no timelines at" in run.stderr.strip().splitlines()[-1]

@@ -25,7 +25,53 @@ def test_step_cost_recovers_the_cost_of_rows_drafts_and_the_switch_to_verificati
         rows, drafted = int(rng.integers(1, 64)), int(rng.integers(1, 100)) * int(rng.random() < 0.7)
         seconds = a + b * rows + c * drafted + (e + f * rows) * (drafted > 0)
         cost.observe(rows, drafted, seconds * rng.uniform(0.99, 1.01))
-    assert np.allclose(cost.coef, [a, b, c, e, f], rtol=0.15), cost.coef
+    assert np.allclose(cost.coef[:5], [a, b, c, e, f], rtol=0.15), cost.coef
+    assert not cost.coef[5:].any()  # no context was seen: no context terms
+
+
+def test_step_cost_separates_the_context_a_step_reads_from_its_rows():
+    """A memory-bound step pays for the KV cache its rows hold (context) apart from their count: the fit tells the
+    two apart where contexts vary at a batch size, and prices a step by its context (``at``)."""
+    rng = np.random.default_rng(1)
+    cost = StepCost(decay=0.999)
+    a, b, c, e, f, g, h = 0.004, 0.0002, 0.0001, 0.001, 0.00005, 2e-7, 5e-9
+    for _ in range(1500):
+        rows, drafted = int(rng.integers(1, 64)), int(rng.integers(1, 100)) * int(rng.random() < 0.5)
+        context = rows * float(rng.uniform(100, 16000))
+        seconds = (
+            a + b * rows + c * drafted + (e + f * rows) * (drafted > 0) + g * context + h * drafted * context / rows
+        )
+        cost.observe(rows, drafted, seconds * rng.uniform(0.99, 1.01), context)
+    assert np.allclose(cost.coef, [a, b, c, e, f, g, h], rtol=0.15), cost.coef
+    assert np.allclose(cost.at(32, 32 * 8000.0), [a + g * 32 * 8000.0, b, c + h * 8000.0, e, f], rtol=0.15)
+
+
+def test_a_device_prior_prices_drafts_before_the_first_step_and_is_then_learned_away():
+    """The steps a step-cost model predicts (sam.payoff.device_prior) price a step from the engine's first one; the
+    engine's own steps then replace them (the prior weighs PRIOR_STEPS steps and is forgotten as they are)."""
+    true = np.array([0.003, 0.0001, 0.00005, 0.0005, 0.00002, 1e-7, 3e-9])
+
+    def seconds(coef, rows, drafted, context):
+        a, b, c, e, f, g, h = coef
+        return a + b * rows + c * drafted + (e + f * rows) * (drafted > 0) + g * context + h * drafted * context / rows
+
+    prior = [
+        [rows, rows * k, rows * ctx, seconds(true, rows, rows * k, rows * ctx)]
+        for rows in (1, 4, 16, 64, 256)
+        for k in (0, 1, 4)
+        for ctx in (512, 4096, 32768)
+    ]
+    cost = StepCost(prior=prior)
+    assert cost.priced and cost.known and cost.exploring  # priced now; the price is still checked by drafting
+    for rows, drafted, context, s in prior:
+        assert abs(cost.seconds(rows, drafted, context) - s) < 0.02 * s + 1e-5, (rows, drafted, context)
+    measured = true * 3  # the engine is three times slower than predicted: its own steps win
+    rng = np.random.default_rng(2)
+    for _ in range(600):
+        rows, drafted = int(rng.integers(1, 64)), int(rng.integers(1, 100)) * int(rng.random() < 0.5)
+        context = rows * float(rng.uniform(100, 16000))
+        cost.observe(rows, drafted, seconds(measured, rows, drafted, context), context)
+    assert np.allclose(cost.coef, measured, rtol=0.1), cost.coef
 
 
 def test_without_drafting_data_a_draft_token_and_the_switch_are_priced_as_a_request():
@@ -33,7 +79,7 @@ def test_without_drafting_data_a_draft_token_and_the_switch_are_priced_as_a_requ
     for rows in range(1, 60):
         cost.observe(rows, 0, 0.01 + 0.002 * rows)
     assert cost.known
-    a, b, c, e, f = cost.coef
+    a, b, c, e, f, _, _ = cost.coef
     assert abs(c - b) < 1e-6 and abs(f - b) < 1e-6 and e < 1e-6 and abs(b - 0.002) < 2e-4
 
 
