@@ -3,6 +3,7 @@ module, and its MTP layer drafts (method "mtp")."""
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -193,7 +194,7 @@ def test_sam_default_learns_its_step_cost_and_acceptance_inside_the_engine(harne
     want = prior_steps(
         shape, DEVICES["h100"], GPU_FIT, EngineOptions().max_num_seqs, 512, spec["num_speculative_tokens"]
     )
-    assert state["h100_prior"] == pytest.approx(want, rel=1e-9)
+    assert np.allclose(state["h100_prior"], want, rtol=1e-9), (state["h100_prior"][:3], want[:3])
     # which of a and b a tiny model's steps show depends on the machine (CI fitted b = 0, this one a = 0, 5% off the
     # mean through the origin): what must hold is that the fit prices the steps the engine timed, and that a draft
     # token has a price (where b = 0 the prior's is none, and the exploring steps' drafts give it one)
