@@ -28,6 +28,15 @@ import numpy as np
 from recipe.paths import REPO_ROOT
 
 
+def fixed_draft_spec(k: int | str) -> dict:
+    """vLLM ``speculative_config`` of an engine drafting exactly ``k`` tokens a request ("1of": one request one)."""
+    return {
+        "method": "custom_class",
+        "model": f"{__name__}.{'OneDraftProposer' if k == '1of' else 'FixedDraftProposer'}",  # importable by vLLM
+        "num_speculative_tokens": 1 if k == "1of" else k,
+    }
+
+
 class FixedDraftProposer:
     """A custom_class proposer that drafts exactly K tokens (the last sampled one, repeated) for every request at
     every step, so a step verifies B x (1 + K) tokens whatever the acceptance."""
@@ -97,12 +106,7 @@ def main() -> None:
     options = EngineOptions(max_model_len=1024, seed=0, dtype=dtype)
     engines: dict = {0: RolloutEngine(str(ckpt), None, options, free_cache_engine=False)}
     for k in ["1of", *ks]:
-        spec = {
-            "method": "custom_class",
-            "model": f"{__name__}.{'OneDraftProposer' if k == '1of' else 'FixedDraftProposer'}",
-            "num_speculative_tokens": 1 if k == "1of" else k,
-        }
-        engines[k] = RolloutEngine(str(ckpt), spec, options, free_cache_engine=False)
+        engines[k] = RolloutEngine(str(ckpt), fixed_draft_spec(k), options, free_cache_engine=False)
     for engine in engines.values():
         engine.generate(ids[: max(batches)], 1, sampling)  # every batch size's shapes seen once
     times: dict[tuple[int, int], list[float]] = {(b, k): [] for b in batches for k in engines}

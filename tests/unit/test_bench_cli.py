@@ -35,3 +35,14 @@ def test_an_unknown_benchmark_is_one_line_and_exit_2():
 def test_a_benchmarks_own_options_are_its_own():
     run = subprocess.run([sys.executable, "-m", "recipe.bench", "cost-model", "--help"], capture_output=True, text=True)
     assert run.returncode == 0 and "python -m recipe.bench cost-model" in run.stdout and "--paper-device" in run.stdout
+
+
+def test_the_benchmarks_own_proposers_are_named_where_vllm_can_import_them():
+    """vLLM loads a ``custom_class`` proposer by its dotted path: the benchmarks' scripted drafters must name their
+    module as Python imports it (a file stem broke them when the scripts moved into recipe/bench)."""
+    from recipe.bench.rollout import engine_spec
+    from recipe.bench.verify_cost import fixed_draft_spec
+
+    for spec in (engine_spec("noop", 2), fixed_draft_spec(4), fixed_draft_spec("1of")):
+        module, _, name = spec["model"].rpartition(".")
+        assert callable(getattr(importlib.import_module(module), name)), spec
