@@ -1,28 +1,28 @@
 """Draft a token only where it pays: the expected accepted tokens per second of an engine step with the draft
 must beat the step without it.
 
-A speculative step costs ``a + b * rows + c * drafted + (e + f * rows) * (drafted > 0)`` seconds (rows: requests
-in the step; drafted: draft tokens it verifies; ``e + f * rows``: vLLM verifies a step with any draft through its
+A speculative step costs ``a + b * rows + c * drafted + (e + f * rows) * (drafted > 0)`` seconds (rows: requests in
+the step; drafted: draft tokens it verifies; ``e + f * rows``: vLLM verifies a step with any draft through its
 rejection sampler instead of its plain sampler, every row of it: on a CPU with a large vocabulary that switch costs a
 big batch a large share of its step, results/real/verify_cost; ``a`` and ``c`` grow with the context the step's
-requests hold, :class:`StepCost`) and yields ``rows + sum of accepted`` tokens. Adding one draft token whose chance of being
-accepted (together with every draft token before it) is ``p`` raises tokens per second exactly when
-``p > c * tokens / seconds``, so each request drafts the prefix of its draft whose chances clear that threshold
-(Dinkelbach's iteration for a ratio, a few rounds), and the step drafts at all only if that beats the step without
-drafts, the switch included. Where verification is dear relative to the step (a big batch on
-a compute-bound CPU, where a drafted token costs about what a request does) nothing clears it and the step runs as
-spec off would; where the step is mostly fixed cost (the long tail, a memory-bound GPU) cheap drafts pass.
+requests hold, :class:`StepCost`) and yields ``rows + sum of accepted`` tokens. Adding one draft token whose chance of
+being accepted (together with every draft token before it) is ``p`` raises tokens per second exactly when
+``p > c * tokens / seconds``, so each request drafts the prefix of its draft whose chances clear that threshold (Dinkelbach's
+iteration for a ratio, a few rounds), and the step drafts at all only if that beats the step without drafts, the
+switch included. Where verification is dear relative to the step (a big batch on a compute-bound CPU, where a drafted
+token costs about what a request does) nothing clears it and the step runs as spec off would; where the step is mostly
+fixed cost (the long tail, a memory-bound GPU) cheap drafts pass.
 
 Both sides are learned online in the proposer, from what vLLM reports anyway:
-- :class:`StepCost`: ``a, b, c, e, f`` (and the context terms ``g, h``) by exponentially weighted non-negative least squares on the time between
-  consecutive ``propose`` calls (one engine step), its rows and the draft tokens sent for it; ``c`` and ``f`` are pulled
-  towards ``b`` (a drafted token, and switching a row to verification, cost what a request's token costs: a
-  compute-bound step's price, about what this CPU measures) until drafting data say otherwise, so an engine that
-  has not drafted yet does not assume drafts are free. That prior never learns where it is wrong (a step whose
-  per-row cost is the engine's Python work, not arithmetic: a drafted token is then nearly free), so until
-  ``EXPLORE_UNTIL`` observed steps have carried drafts, one step in ``EXPLORE_EVERY`` sends the draft tokens whose
-  chance is at least ``EXPLORE_CHANCE`` whatever the cost says: a one-off price per engine. (Restricted to the long
-  tail it rarely ran and the prior's price stuck: results/FINDINGS.md, "Exploration only in the tail".)
+- :class:`StepCost`: ``a, b, c, e, f`` (and the context terms ``g, h``) by exponentially weighted non-negative least
+  squares on the time between consecutive ``propose`` calls (one engine step), its rows and the draft tokens sent for
+  it; ``c`` and ``f`` are pulled towards ``b`` (a drafted token, and switching a row to verification, cost what a
+  request's token costs: a compute-bound step's price, about what this CPU measures) until drafting data say
+  otherwise, so an engine that has not drafted yet does not assume drafts are free. That prior never learns where it
+  is wrong (a step whose per-row cost is the engine's Python work, not arithmetic: a drafted token is then nearly
+  free), so until ``EXPLORE_UNTIL`` observed steps have carried drafts, one step in ``EXPLORE_EVERY`` sends the draft
+  tokens whose chance is at least ``EXPLORE_CHANCE`` whatever the cost says: a one-off price per engine. (Restricted
+  to the long tail it rarely ran and the prior's price stuck: results/FINDINGS.md, "Exploration only in the tail".)
 - :class:`AcceptanceModel`: the chance that draft position ``j`` is accepted given the positions before it were,
   counted per source (the request's own text, its prompt's responses, every prompt's), match-length band and, with
   ``scored``, the token's evidence level (:mod:`sam.cells`). It learns from
@@ -197,8 +197,7 @@ SOLVE_YOUNG = 64  # (fewer observed steps than this), then the second: a solve r
 def _forget_and_add(xtx, xty, decay, rows, drafted, context, seconds, weight) -> None:
     """``xtx = decay * xtx + w x x'`` and ``xty = decay * xty + w x * seconds``, in place, for a step's features ``x``
     (:class:`StepCost`'s terms: 1, rows, drafted, switched, switched * rows, context, drafted * context / rows): one
-    compiled call instead of a
-    dozen array operations, each of them cache misses after the engine's forward."""
+    compiled call instead of a dozen array operations, each of them cache misses after the engine's forward."""
     switched = 1.0 if drafted > 0 else 0.0
     attended = drafted * context / rows if rows > 0 else 0.0
     x = (1.0, float(rows), float(drafted), switched, switched * rows, float(context), attended)
