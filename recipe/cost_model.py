@@ -212,13 +212,13 @@ GPU_FIT = StepCostFit(
     switch_s=0.00050977697752507,
     switch_row_s=2.4088622656076358e-05,
 )
-PRIOR_CONTEXTS = (
-    256,
-    1024,
-    4096,
-    16384,
-    65536,
-)  # per-request contexts the payoff prior's steps span (to max_model_len)
+# per-request contexts the payoff prior's steps span (up to the engine's max_model_len)
+PRIOR_CONTEXTS = (256, 1024, 4096, 16384, 65536)
+
+
+def tensor_parallel(device: Device, gpus: int) -> Device:
+    """An engine spread over ``gpus`` such devices as one with their summed peaks (the all-reduce not counted)."""
+    return Device(f"{device.name}x{gpus}", device.peak_flops * gpus, device.bandwidth * gpus)
 
 
 def device_named(name: str) -> Device | None:
@@ -260,8 +260,7 @@ def payoff_prior(vllm_config) -> list[list[float]] | None:
 
 def engine_prior(vllm_config, device: Device) -> list[list[float]]:
     """:func:`prior_steps` for a vLLM engine's model (its shape and dtype from the engine's config), batch range,
-    context range and K on ``device`` with :data:`GPU_FIT`; tensor parallelism as a device with that many GPUs' peaks
-    (its all-reduce not counted)."""
+    context range and K on ``device`` with :data:`GPU_FIT`, tensor parallelism as :func:`tensor_parallel`."""
     import torch
 
     model = vllm_config.model_config
@@ -271,8 +270,7 @@ def engine_prior(vllm_config, device: Device) -> list[list[float]]:
     config["num_key_value_heads"] = getattr(text, "num_key_value_heads", None) or config["num_attention_heads"]
     config["head_dim"] = getattr(text, "head_dim", None) or config["hidden_size"] // config["num_attention_heads"]
     shape = shape_from_config(str(model.model), config, torch.empty(0, dtype=model.dtype).element_size())
-    tp = int(vllm_config.parallel_config.tensor_parallel_size)
-    device = Device(f"{device.name}x{tp}", device.peak_flops * tp, device.bandwidth * tp)
+    device = tensor_parallel(device, int(vllm_config.parallel_config.tensor_parallel_size))
     return prior_steps(
         shape, device, GPU_FIT, int(vllm_config.scheduler_config.max_num_seqs), int(model.max_model_len),
         int(vllm_config.speculative_config.num_speculative_tokens),

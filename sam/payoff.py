@@ -7,11 +7,11 @@ rejection sampler instead of its plain sampler, every row of it: on a CPU with a
 big batch a large share of its step, results/real/verify_cost; ``a`` and ``c`` grow with the context the step's
 requests hold, :class:`StepCost`) and yields ``rows + sum of accepted`` tokens. Adding one draft token whose chance of
 being accepted (together with every draft token before it) is ``p`` raises tokens per second exactly when
-``p > c * tokens / seconds``, so each request drafts the prefix of its draft whose chances clear that threshold (Dinkelbach's
-iteration for a ratio, a few rounds), and the step drafts at all only if that beats the step without drafts, the
-switch included. Where verification is dear relative to the step (a big batch on a compute-bound CPU, where a drafted
-token costs about what a request does) nothing clears it and the step runs as spec off would; where the step is mostly
-fixed cost (the long tail, a memory-bound GPU) cheap drafts pass.
+``p > c * tokens / seconds``, so each request drafts the prefix of its draft whose chances clear that threshold
+(Dinkelbach's iteration for a ratio, a few rounds), and the step drafts at all only if that beats the step without
+drafts, the switch included. Where verification is dear relative to the step (a big batch on a compute-bound CPU,
+where a drafted token costs about what a request does) nothing clears it and the step runs as spec off would; where
+the step is mostly fixed cost (the long tail, a memory-bound GPU) cheap drafts pass.
 
 Both sides are learned online in the proposer, from what vLLM reports anyway:
 - :class:`StepCost`: ``a, b, c, e, f`` (and the context terms ``g, h``) by exponentially weighted non-negative least

@@ -28,7 +28,16 @@ from pathlib import Path
 
 import numpy as np
 
-from recipe.cost_model import DEVICES, GPU_FIT, SHAPES, Device, ModelShape, StepCostFit, step_seconds
+from recipe.cost_model import (
+    DEVICES,
+    GPU_FIT,
+    SHAPES,
+    Device,
+    ModelShape,
+    StepCostFit,
+    step_seconds,
+    tensor_parallel,
+)
 from recipe.paths import RESULTS_DIR
 from recipe.replay import ACTIVE_BANDS, SPEC_OFF, Drafter, band_index, replay, response_lengths
 
@@ -48,6 +57,14 @@ TOKENS_PER_STEP = (1.1, 1.3, 1.5, 2.0, 2.5, 3.0)  # the sensitivity rows: a draf
 def cpu_fit() -> StepCostFit:
     fits = json.loads((OUT / "fits.json").read_text())
     return StepCostFit(**fits[CPU_DEVICE])
+
+
+def write_csv(path: Path, rows: list[dict]) -> None:
+    """``rows`` as CSV, floats to four significant digits."""
+    with open(path, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in r.items()} for r in rows)
 
 
 def read_timelines(path: Path) -> list[dict]:
@@ -134,10 +151,7 @@ def cpu(args: argparse.Namespace) -> None:
     order = {"whole": 0, "tail": 1}
     out.sort(key=lambda r: (order[r["regime"]], r["mode"]))
     args.out.mkdir(parents=True, exist_ok=True)
-    with open(args.out / "replay_cpu.csv", "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(out[0]))
-        writer.writeheader()
-        writer.writerows({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in r.items()} for r in out)
+    write_csv(args.out / "replay_cpu.csv", out)
     print("| mode | regime | measured s | predicted s | error (median of repeats; range, repeats) | fitted |")
     print("|---|---|---|---|---|---|")
     for r in out:
@@ -169,7 +183,7 @@ def gpu_engine(shape_name: str, device_name: str) -> tuple[Device, int]:
     shape, device, tp = SHAPES[shape_name], DEVICES[device_name], TENSOR_PARALLEL[shape_name]
     weights = (shape.matmul_params + shape.vocab * shape.hidden) * shape.bytes_per_param
     kv_tokens = int((MEMORY_UTILIZATION * GPU_MEMORY[device_name] * tp - weights) / shape.kv_bytes_per_token)
-    return Device(f"{device.name}x{tp}", device.peak_flops * tp, device.bandwidth * tp), kv_tokens
+    return tensor_parallel(device, tp), kv_tokens
 
 
 def gpu(args: argparse.Namespace) -> None:
@@ -202,10 +216,7 @@ def gpu(args: argparse.Namespace) -> None:
                         "drafted_step_share": r.drafted_steps / r.steps, "off_rollout_s": base.seconds,
                     })  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
-    with open(args.out / "replay_gpu.csv", "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in r.items()} for r in rows)
+    write_csv(args.out / "replay_gpu.csv", rows)
     table = gpu_table(rows)
     (args.out / "replay_gpu.md").write_text(table)
     print(table, end="")
