@@ -135,6 +135,35 @@ def step_seconds(
     return fit.fixed_s + compute + nbytes / (device.bandwidth * fit.memory_eff) + fit.per_token_s * tokens + switch
 
 
+def head_seconds(
+    shape: ModelShape,
+    device: Device,
+    fit: StepCostFit,
+    batch: int,
+    context: float | Sequence[float],
+    k: int,
+    sample: bool = True,
+) -> float:
+    """Seconds an MTP head (vLLM's ``mtp`` drafter: one MiMo layer) adds to a step that verified ``k`` drafts: its
+    input projection and decoder layer over the step's ``batch * (1 + k)`` tokens, reading its own layer's KV cache,
+    then, where it ``sample``s a draft, the LM head over ``batch`` rows. Priced on the step's roofline and fit; the
+    per-token term and the fixed cost in proportion to the weights it multiplies through (one layer and the LM head
+    of the step's layers and LM head)."""
+    contexts = np.full(batch, float(context)) if np.isscalar(context) else np.asarray(context, dtype=np.float64)
+    tokens = batch * (1 + k)
+    lm_head = shape.hidden * shape.vocab
+    layer = (shape.matmul_params - lm_head) / shape.layers + 2 * shape.hidden * shape.hidden  # + the input projection
+    rows = [(tokens, layer), *([(batch, lm_head)] if sample else [])]  # (tokens through, weights) of each GEMM
+    seconds = 4 * shape.heads * shape.head_dim * (1 + k) * float(contexts.sum()) / (device.peak_flops * fit.compute_eff)
+    for n, params in rows:
+        seconds += 2 * params * n / (device.peak_flops * fit.compute_eff * n / (n + fit.half_tokens))
+        seconds += params * shape.bytes_per_param / (device.bandwidth * fit.memory_eff)
+        seconds += fit.per_token_s * n * params / shape.matmul_params
+    kv = shape.kv_bytes_per_token / shape.layers * float(contexts.sum())
+    share = sum(params for _, params in rows) / shape.matmul_params
+    return seconds + kv / (device.bandwidth * fit.memory_eff) + fit.fixed_s * share
+
+
 @dataclass(frozen=True)
 class Cell:
     """One measured step: its time in seconds (or, with ``relative``, its time over the same batch's ``k=0`` step)."""
@@ -145,14 +174,17 @@ class Cell:
     context: float
     measured: float
     relative: bool = False
+    head: bool = False  # the step also ran an MTP head that drafted its k=1 tokens (:func:`head_seconds`)
 
     @property
     def name(self) -> str:
-        return f"B={self.batch},K={self.k}"
+        return f"B={self.batch},K={'mtp' if self.head else self.k},C={self.context:.0f}"
 
 
 def predicted(cell: Cell, shape: ModelShape, device: Device, fit: StepCostFit) -> float:
     seconds = step_seconds(shape, device, fit, cell.batch, cell.context, cell.k)
+    if cell.head:
+        seconds += head_seconds(shape, device, fit, cell.batch, cell.context, cell.k)
     if cell.relative:
         return seconds / step_seconds(shape, device, fit, cell.batch, cell.context, 0)
     return seconds

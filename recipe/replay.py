@@ -6,8 +6,9 @@ first free slot. Every engine step each active request emits, on average, its dr
 step's batch size (1 without drafts); a request finishes when it has emitted its length. The step's time is
 :func:`recipe.cost_model.step_seconds` at the step's batch, the requests' contexts (prompt plus tokens so far) and the
 drafter's K. A drafter *with the payoff rule* drafts only where the expected tokens per second beat spec off's at that
-batch size (what sam/payoff.py learns online); *every draft* drafts at every step. Acceptance does not depend on the
-hardware, so tokens per request-step measured on a CPU carry to a GPU.
+batch size (what sam/payoff.py learns online); *every draft* drafts at every step. A drafter with an MTP ``head``
+pays the head's forward in its steps (the caller's step cost prices it: recipe.cost_model.head_seconds). Acceptance
+does not depend on the hardware, so tokens per request-step measured on a CPU carry to a GPU.
 """
 
 from __future__ import annotations
@@ -23,12 +24,14 @@ ACTIVE_BANDS: tuple[tuple[int, int], ...] = ((1, 1), (2, 4), (5, 8), (9, 16), (1
 @dataclass(frozen=True)
 class Drafter:
     """What a drafter yields: ``k`` draft tokens a step, ``tokens_per_step[i]`` tokens per request-step in band i of
-    :data:`ACTIVE_BANDS`; ``payoff``: it drafts only where that pays at the step's batch size."""
+    :data:`ACTIVE_BANDS`; ``payoff``: it drafts only where that pays at the step's batch size; ``head``: its drafts
+    come from an MTP head."""
 
     name: str
     k: int
     tokens_per_step: tuple[float, ...]
     payoff: bool = True
+    head: bool = False
 
     def tokens_at(self, batch: int) -> float:
         return self.tokens_per_step[band_index(batch)]

@@ -7,7 +7,9 @@
   quoted in issue #94 from EfficientRollout (arXiv 2606.18967), predicted from the H200 fit carried to Qwen2.5-7B's
   shape on ``--paper-device`` at ``--paper-context``: never fitted;
 - ``cpu-smollm2``: SmolLM2-135M in float32 in a vLLM CPU engine on 2 cores (results/real/verify_cost/
-  verify_cost.json), fitted on the batches of ``--cpu-fit-batches``, the other batches held out;
+  verify_cost.json: the test prompts and 384-token prompts), fitted on the batches of ``--cpu-fit-batches`` at every
+  context, the other batches held out, and the steps with its MTP head drafting (``K=mtp``), priced by
+  :func:`recipe.cost_model.head_seconds`, never fitted;
 - ``<gpu>-<shape>``: a table ``recipe.bench verify-cost-gpu --shape qwen3-8b --out results/cost_model`` measured
   (``--gpu-table``), predicted from the H200 fit on its device's data sheet: never fitted. Absent until a GPU ran it.
 
@@ -29,7 +31,6 @@ from recipe.paths import RESULTS_DIR
 MEASURED = RESULTS_DIR / "real" / "verify_cost"
 # seven draft tokens over a plain step, Qwen2.5-7B, by batch size: the figures issue #94 quotes from EfficientRollout
 PAPER_7B_K7 = {1: 1.06, 8: 1.30, 16: 1.35, 32: 1.70, 64: 2.70}
-CPU_CONTEXT = 132  # the word problems' chat-templated prompts (about 120 tokens) and half of the 24 decoded tokens
 
 
 def gpu_cells(rows: list[dict], table: str) -> list[Cell]:
@@ -45,13 +46,15 @@ def h200_cells() -> list[Cell]:
 
 
 def cpu_cells() -> list[Cell]:
-    table = json.loads((MEASURED / "verify_cost.json").read_text())
+    """The CPU table's uniform steps (every request drafting K tokens, or none, or the MTP head's one), each at its
+    measured context; "1of" (one request of the batch drafts) is not a uniform step."""
     cells = []
-    for key, times in table.items():
-        batch, k = key.split(",")
-        if k.isdigit():  # "1of" (one request of the batch drafts) is not a uniform step
-            cells.append(Cell("cpu-smollm2", int(batch), int(k), CPU_CONTEXT, float(np.median(times)) / 1e3))
-    return sorted(cells, key=lambda c: (c.batch, c.k))
+    for s in json.loads((MEASURED / "verify_cost.json").read_text())["steps"]:
+        if s["k"] != "1of":
+            head = s["k"] == "mtp"
+            seconds = float(np.median(s["ms"])) / 1e3
+            cells.append(Cell("cpu-smollm2", s["batch"], 1 if head else int(s["k"]), s["context"], seconds, head=head))
+    return sorted(cells, key=lambda c: (c.context, c.batch, c.head, c.k))
 
 
 def main() -> None:
@@ -80,7 +83,8 @@ def main() -> None:
 
     cpu_shape, cpu = SHAPES["smollm2-135m-fp32"], DEVICES["cpu-2core"]
     cpu_all = cpu_cells()
-    cpu_fit = fit([c for c in cpu_all if c.batch in cpu_fit_batches], cpu_shape, cpu)
+    cpu_fitted = [c.batch in cpu_fit_batches and not c.head for c in cpu_all]  # the head's cells: never fitted
+    cpu_fit = fit([c for c, fitted_ in zip(cpu_all, cpu_fitted, strict=True) if fitted_], cpu_shape, cpu)
     cpu_rows = cell_errors(cpu_all, cpu_shape, cpu, cpu_fit)
 
     measured_gpu = []
@@ -96,7 +100,7 @@ def main() -> None:
         *({**r, "fitted": "yes"} for r in cell_errors(h200, smollm2, gpu, gpu_fit)),
         *({**r, "fitted": "no"} for r in paper_rows),
         *({**r, "fitted": "no"} for r in measured_gpu),
-        *({**r, "fitted": "yes" if int(r["cell"].split(",")[0][2:]) in cpu_fit_batches else "no"} for r in cpu_rows),
+        *({**r, "fitted": "yes" if f else "no"} for r, f in zip(cpu_rows, cpu_fitted, strict=True)),
     ]
     args.out.mkdir(parents=True, exist_ok=True)
     with open(args.out / "validation.csv", "w", newline="") as fh:

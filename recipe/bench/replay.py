@@ -9,8 +9,9 @@ and response lengths users train with.
   ``whole``: the many-request rollouts, ``tail``: one prompt's samples, ``--tail-run``);
 - ``gpu``: DAPO's shape (``--prompts`` x ``--n`` responses per node, long-tailed lengths up to each ``--max-tokens``)
   for Qwen3-8B and Qwen3-32B on an H100 and an H200, on the H200 fit carried to each shape, spec off against drafters
-  that yield 1.1-3.0 tokens per request-step -> ``replay_gpu.csv`` (``model, device, max_tokens, drafter, k,
-  tokens_per_step, vs_off, tail_vs_off, tail_time_share``): the table users read their own case from.
+  that yield 1.1-3.0 tokens per request-step (K=1: an MTP head, its forward priced; K=4: a model-free drafter)
+  -> ``replay_gpu.csv`` (``model, device, max_tokens, drafter, head, k, tokens_per_step, vs_off, tail_vs_off,
+  tail_time_share``, ...): the table users read their own case from.
 
     python -m recipe.bench replay cpu --whole RUN/timelines.jsonl.gz --tail-run TAIL/timelines.jsonl.gz
     python -m recipe.bench replay gpu
@@ -35,15 +36,17 @@ from recipe.cost_model import (
     Device,
     ModelShape,
     StepCostFit,
+    head_seconds,
     step_seconds,
     tensor_parallel,
 )
 from recipe.paths import RESULTS_DIR
-from recipe.replay import ACTIVE_BANDS, SPEC_OFF, Drafter, band_index, replay, response_lengths
+from recipe.replay import ACTIVE_BANDS, SPEC_OFF, Drafter, StepCost, band_index, replay, response_lengths
 
 OUT = RESULTS_DIR / "cost_model"
 CPU_SHAPE, CPU_DEVICE = "smollm2-135m-fp32", "cpu-2core"
 PAYOFF_MODES = ("sam", "hybrid")  # modes whose drafter drafts only where it pays (the replay decides the same way)
+HEAD_MODES = ("mtp", "hybrid")  # modes whose engine runs an MTP head
 # GPU regime: what a DAPO node holds (the assumptions docs/gains.md states)
 GPU_MEMORY = {"h100": 80e9, "h200": 141e9}  # bytes of HBM
 MEMORY_UTILIZATION = 0.9  # vLLM's gpu_memory_utilization
@@ -96,6 +99,23 @@ def measured(timeline: dict) -> float:
     return sum(s["duration_s"] for s in timeline["steps"])
 
 
+def drafter_cost(
+    shape: ModelShape, device: Device, fit_: StepCostFit, drafter: Drafter, verified: tuple[float, ...] | None = None
+) -> StepCost:
+    """The replay's step cost for ``drafter``: a step verifying ``k`` drafts (or, given ``verified``, the band's mean
+    draft tokens per request, what a recorded drafter sent), plus an MTP head's forward where the drafter has one: its
+    layer every step (its KV cache must hold every position), its LM head where the step drafts (sam/hybrid.py)."""
+
+    def cost(batch: int, contexts: np.ndarray, k: int) -> float:
+        drafted = (verified[band_index(batch)] if verified is not None else k) if k else 0
+        seconds = step_seconds(shape, device, fit_, batch, contexts, drafted)
+        if drafter.head:
+            seconds += head_seconds(shape, device, fit_, batch, contexts, drafted, sample=k > 0)
+        return seconds
+
+    return cost
+
+
 def replay_recorded(record: dict, shape: ModelShape, device: Device, fit_: StepCostFit) -> float:
     """The rollout seconds the replay predicts for one recorded rollout: its responses' lengths, its
     prompts' mean length, its mode's tokens and draft tokens per request-step by band (a drafter verifies what it sent:
@@ -109,15 +129,13 @@ def replay_recorded(record: dict, shape: ModelShape, device: Device, fit_: StepC
     if mode == "off":
         drafter, drafted = SPEC_OFF, None
     else:
-        drafter, drafted = Drafter(mode, 1, tokens, payoff=mode in PAYOFF_MODES), drafts
-
-    def step(batch: int, contexts: np.ndarray, k: int) -> float:
-        verified = drafted[band_index(batch)] if k and drafted is not None else 0.0
-        return step_seconds(shape, device, fit_, batch, contexts, verified)
+        drafter = Drafter(mode, 1, tokens, payoff=mode in PAYOFF_MODES, head=mode in HEAD_MODES)
+        drafted = drafts
 
     def prefill(n: int) -> float:
         return step_seconds(shape, device, fit_, int(round(n * prompt)), prompt / 2, 0)
 
+    step = drafter_cost(shape, device, fit_, drafter, drafted)
     return replay(lengths, int(round(prompt)), drafter, step, max_num_seqs=len(lengths), prefill=prefill).seconds
 
 
@@ -172,9 +190,10 @@ def measured_drafters(path: Path) -> list[Drafter]:
             r = rows[mode]
             tps = float(r["tokens_per_request_step"])
             k = max(1, round(float(r["draft_tokens_per_token"]) * tps))  # draft tokens a request-step verifies
-            out.append(Drafter(mode, k, (tps,) * len(ACTIVE_BANDS), payoff=False))
+            out.append(Drafter(mode, k, (tps,) * len(ACTIVE_BANDS), payoff=False, head=mode == "mtp"))
     if "mtp" in rows:
-        out.append(Drafter("hybrid", 1, (float(rows["mtp"]["tokens_per_request_step"]),) * len(ACTIVE_BANDS)))
+        tps = float(rows["mtp"]["tokens_per_request_step"])
+        out.append(Drafter("hybrid", 1, (tps,) * len(ACTIVE_BANDS), head=True))
     return out
 
 
@@ -199,17 +218,17 @@ def gpu(args: argparse.Namespace) -> None:
                 # when they run out
                 seqs = max(1, min(MAX_NUM_SEQS, kv_tokens // int(PROMPT_TOKENS + float(np.mean(lengths)))))
 
-                def cost(batch: int, contexts: np.ndarray, k: int, shape=shape, device=device) -> float:
-                    return step_seconds(shape, device, GPU_FIT, batch, contexts, k)
-
-                base = replay(lengths, PROMPT_TOKENS, SPEC_OFF, cost, max_num_seqs=seqs, tail=args.tail)
-                drafters = [Drafter("payoff", k, (tps,) * len(ACTIVE_BANDS)) for k in (1, 4) for tps in TOKENS_PER_STEP
-                            if tps <= k + 1] + measured_drafters(args.measured)  # fmt: skip
+                base = replay(lengths, PROMPT_TOKENS, SPEC_OFF, drafter_cost(shape, device, GPU_FIT, SPEC_OFF),
+                              max_num_seqs=seqs, tail=args.tail)  # fmt: skip
+                # K=1: an MTP head (its forward priced), K=4: a model-free drafter
+                drafters = [Drafter("payoff", k, (tps,) * len(ACTIVE_BANDS), head=k == 1) for k in (1, 4)
+                            for tps in TOKENS_PER_STEP if tps <= k + 1] + measured_drafters(args.measured)  # fmt: skip
                 for drafter in drafters:
+                    cost = drafter_cost(shape, device, GPU_FIT, drafter)
                     r = replay(lengths, PROMPT_TOKENS, drafter, cost, max_num_seqs=seqs, tail=args.tail)
                     rows.append({
                         "model": shape_name, "device": device_name, "max_tokens": max_tokens, "max_num_seqs": seqs,
-                        "drafter": drafter.name, "payoff": drafter.payoff, "k": drafter.k,
+                        "drafter": drafter.name, "payoff": drafter.payoff, "head": drafter.head, "k": drafter.k,
                         "tokens_per_step": drafter.tokens_per_step[0], "vs_off": base.seconds / r.seconds,
                         "tail_vs_off": base.tail_seconds / r.tail_seconds if r.tail_seconds else math.nan,
                         "tail_time_share": base.tail_seconds / base.seconds,

@@ -1,5 +1,5 @@
 """backend=verl for real: ``python -m recipe.dapo backend=verl`` runs veRL 0.9.1's own Ray trainer on this CPU
-(FSDP2 actor, vLLM servers, TransferQueue, the dapo reward manager, dynamic filtering). Four launches, each covering
+(FSDP2 actor, vLLM servers, TransferQueue, the dapo reward manager, dynamic filtering). Launches, each covering
 what the others do not:
 - Validation and checkpoints with a frozen MTP head, which the servers load from the checkpoint (veRL's default
   "dummy" load would leave it random); the launcher is then killed with SIGKILL and a relaunch resumes from the
@@ -7,6 +7,7 @@ what the others do not:
 - Two replicas with online MTP on the FSDP actor: the prompt-affinity router keeps each prompt on one server, the
   head trains, and weight sync brings it to both servers.
 - The built-in real model (SmolLM2) through the same trainer, SAM drafting inside the servers.
+- The acceptance canary's drill: a broken head synced to the server is named.
 In every run the actor computes as the servers sample (float32): its log-probs before the update are the rollout's.
 spec=off needs no launch of its own: its servers' timeline is checked on a vLLM server (test_vllm_server.py).
 Every process of the launches and every /dev/shm file they made are gone at the end, also when an assertion
@@ -82,11 +83,13 @@ def verl_job():
     assert not leftover, f"/dev/shm entries left by the run: {sorted(leftover)}"
 
 
-def run_to_end(args: list[str], job: str, timeout_s: float = 900) -> None:
+def run_to_end(args: list[str], job: str, timeout_s: float = 900) -> str:
+    """Runs the launch to its end; its output."""
     run = subprocess.run(
         args, cwd=REPO, env={**os.environ, JOB_ENV: job}, capture_output=True, text=True, timeout=timeout_s
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    return run.stdout + run.stderr
 
 
 def logged_rows(out: Path) -> list[dict]:
@@ -207,6 +210,20 @@ def test_two_replicas_route_by_prompt_and_both_draft_with_the_online_mtp_head_of
     assert all(0 < row["actor/mtp/loss"] < 10 and 0 < row["actor/mtp/acc"] <= 1 for row in trained)
     for row in trained:
         assert_actor_computes_as_the_rollout_samples(row)
+
+
+def test_a_broken_head_synced_to_the_servers_trips_the_acceptance_canary(harness_model, tmp_path, verl_job):
+    """The canary's drill on veRL: step 1's update moves the online head by a learning rate of 100 (AdamW moves every
+    weight by about the rate), and veRL's weight sync carries the broken head to the server before step 2's rollout,
+    as a sync that leaves the drafter with wrong weights would. The launcher warns, naming the source and the step,
+    and logs the fall as a metric."""
+    out = tmp_path / "verl"
+    launch = launch_args(harness_model, out, "spec.mtp.train=online", "spec.mtp.lr=100", *short_run(2), spec="mtp")
+    output = run_to_end(launch, verl_job)
+    canary = [row for row in logged_rows(out) if "rollout/canary_mtp_fell" in row]
+    assert [row["step"] for row in canary] == [2] and canary[0]["rollout/canary_mtp_fell"] == 1.0, canary
+    assert canary[0]["rollout/canary_mtp_acceptance"] < 0.5 * canary[0]["rollout/canary_mtp_level_before"]
+    assert "acceptance canary: step 2, mtp drafts accepted" in output
 
 
 def assert_actor_computes_as_the_rollout_samples(row: dict) -> None:
