@@ -46,3 +46,12 @@ def test_the_benchmarks_own_proposers_are_named_where_vllm_can_import_them():
     for spec in (engine_spec("noop", 2), fixed_draft_spec(4), fixed_draft_spec("1of")):
         module, _, name = spec["model"].rpartition(".")
         assert callable(getattr(importlib.import_module(module), name)), spec
+
+
+def test_verify_costs_long_prompts_are_cut_from_the_test_prompts_run_together():
+    """``verify-cost --prompt-tokens N``: every request holds exactly N prompt tokens, each a different stretch of the
+    test prompts' text, repeated where they run out."""
+    from recipe.bench.verify_cost import long_prompts
+
+    ids = [[1, 2, 3], [4, 5]]
+    assert long_prompts(ids, 4, 3) == [[1, 2, 3, 4], [5, 1, 2, 3], [4, 5, 1, 2]]
