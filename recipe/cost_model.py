@@ -13,8 +13,10 @@ Compute and memory time add rather than overlap (a decode step's kernels are eac
 one after another), and a GEMM over few rows reaches a small share of peak: ``half_tokens`` is the token count at
 which it reaches half of ``compute_eff``. A step with drafts runs the verification path (a query of 1 + K tokens per
 request, the rejection sampler) instead of the plain one: ``switch + switch_row * B``, the terms the payoff rule's
-learned step cost has too (sam/payoff.py). The seven free parameters (:class:`StepCostFit`) are fitted to a measured table of steps (:func:`fit`) and carried to
-another model shape on the same kind of device; :func:`cell_errors` reports each cell's error, fitted or held out.
+learned step cost has too (sam/payoff.py). The seven free parameters (:class:`StepCostFit`) are fitted to a measured
+table of steps (:func:`fit`) and carried to another model shape on the same kind of device; :func:`cell_errors`
+reports each cell's error, fitted or held out. An MTP head's forward is priced on the same roofline and fit
+(:func:`head_seconds`).
 Shapes are the models' published configs; devices their data-sheet peaks (dense bf16, HBM).
 """
 

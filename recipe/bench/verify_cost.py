@@ -25,7 +25,6 @@ are fitted on them, recipe/bench/cost_model.py).
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 from pathlib import Path
 
@@ -116,7 +115,7 @@ def main() -> None:
         prompt_lengths = [int(p) for p in args.prompt_tokens.split(",")]
         emitted = {int(k): float(t) for k, t in (p.split(":") for p in args.acceptance.split(",") if p)}
     except ValueError as err:
-        parser.error(f"--batches/--ks/--acceptance: {err}")
+        parser.error(f"--batches/--ks/--prompt-tokens/--acceptance: {err}")
     if min(batches) < 1 or min(ks) < 1 or min(prompt_lengths) < 0:
         parser.error("--batches and --ks take positive integers, --prompt-tokens non-negative ones")
     if unpriced := set(emitted) - set(ks):
@@ -164,10 +163,6 @@ def main() -> None:
                          "cost_vs_off": ms / off})  # fmt: skip
     out = Path(args.out or REPO_ROOT / "results" / ("sam" if args.model is None else "real/verify_cost"))
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / "verify_cost.csv", "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
     cost = {(r["prompt_tokens"], r["batch"], r["k"]): r for r in rows}
     priced = [k for k in engines if k != 0]
     lines = [
@@ -210,12 +205,11 @@ def main() -> None:
             for b in batches:
                 ceilings = " | ".join(f"{t / cost[p, b, k]['cost_vs_off']:.2f}x" for k, t in emitted.items())
                 lines.append(f"| {b} | {ceilings} |")
-    (out / "verify_cost.md").write_text("\n".join(lines) + "\n")
     # every turn's step time per cell, what recipe.bench cost-model fits
     steps = [{**{k: r[k] for k in ("prompt_tokens", "context", "batch", "k")},
               "ms": times[r["prompt_tokens"], r["batch"], r["k"]]} for r in rows]  # fmt: skip
     (out / "verify_cost.json").write_text(json.dumps({"tokens": args.tokens, "steps": steps}, indent=1))
-    print("\n".join(lines))
+    print("\n".join(lines))  # the tables a results README quotes
 
 
 if __name__ == "__main__":
