@@ -1,5 +1,6 @@
 """The step-cost model (recipe/cost_model.py) fitted to measured tables and checked where it was not fitted
--> ``results/cost_model/validation.csv`` (``table, cell, measured, predicted, fitted``) and ``fits.json``.
+-> ``results/cost_model/validation.csv`` (``table, cell, measured, predicted, fitted``), ``validation.png`` and
+``fits.json``.
 
 - ``h200-smollm2``: SmolLM2-135M's decode/verify step on an H200 as a CUDA graph, context 320
   (results/real/verify_cost/verify_cost_gpu.json), every cell fitted;
@@ -57,6 +58,34 @@ def cpu_cells() -> list[Cell]:
     return sorted(cells, key=lambda c: (c.context, c.batch, c.head, c.k))
 
 
+def plot(rows: list[dict], path: Path) -> None:
+    """Each cell's prediction error, by table: fitted cells filled, held-out ones hollow, the 15% goal shaded."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tables = list(dict.fromkeys(r["table"] for r in rows))
+    fig, ax = plt.subplots(figsize=(7.0, 4.2))
+    ax.axhspan(-15, 15, color="grey", alpha=0.12, label="within 15%")
+    ax.axhline(0, color="grey", lw=0.8)
+    rng = np.random.default_rng(0)
+    for i, table in enumerate(tables):
+        for fitted, offset in (("yes", -0.15), ("no", 0.15)):
+            errors = [100 * r["error"] for r in rows if r["table"] == table and r["fitted"] == fitted]
+            if errors:
+                x = i + offset + rng.uniform(-0.08, 0.08, len(errors))
+                face = f"C{i}" if fitted == "yes" else "none"
+                label = "fitted" if fitted == "yes" else "held out"
+                ax.scatter(x, errors, s=16, edgecolors=f"C{i}", facecolors=face, label=f"{table}, {label}")
+    ax.set_xticks(range(len(tables)), tables)
+    ax.set(ylabel="predicted / measured - 1 (%)", title="The step-cost model against measured steps, every cell")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--paper-device", default="h100", choices=sorted(DEVICES))
@@ -108,6 +137,7 @@ def main() -> None:
         writer.writeheader()
         writer.writerows({**r, "measured": f"{r['measured']:.6g}", "predicted": f"{r['predicted']:.6g}",
                           "error": f"{r['error']:+.3f}"} for r in rows)  # fmt: skip
+    plot(rows, args.out / "validation.png")
     summary = {
         "h200": gpu_fit.as_dict(),
         "cpu-2core": cpu_fit.as_dict(),
