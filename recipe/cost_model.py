@@ -114,10 +114,15 @@ class StepCostFit:
         return asdict(self)
 
 
+def per_request(batch: int, context: float | Sequence[float]) -> np.ndarray:
+    """Each of ``batch`` requests' context: one number for all, or one per request."""
+    return np.full(batch, float(context)) if np.isscalar(context) else np.asarray(context, dtype=np.float64)
+
+
 def step_work(shape: ModelShape, batch: int, context: float | Sequence[float], k: int) -> tuple[float, float, int]:
     """(FLOPs, bytes, tokens) of one step: ``batch`` requests, each verifying ``k`` drafts over its ``context``
     (one number for all, or one per request)."""
-    contexts = np.full(batch, float(context)) if np.isscalar(context) else np.asarray(context, dtype=np.float64)
+    contexts = per_request(batch, context)
     if contexts.size != batch:
         raise ValueError(f"context: {contexts.size} lengths for a batch of {batch}")
     tokens = batch * (1 + k)
@@ -151,7 +156,7 @@ def head_seconds(
     then, where it ``sample``s a draft, the LM head over ``batch`` rows. Priced on the step's roofline and fit; the
     per-token term and the fixed cost in proportion to the weights it multiplies through (one layer and the LM head
     of the step's layers and LM head)."""
-    contexts = np.full(batch, float(context)) if np.isscalar(context) else np.asarray(context, dtype=np.float64)
+    contexts = per_request(batch, context)
     tokens = batch * (1 + k)
     lm_head = shape.hidden * shape.vocab
     layer = (shape.matmul_params - lm_head) / shape.layers + 2 * shape.hidden * shape.hidden  # + the input projection
