@@ -4,9 +4,14 @@ The failure it watches for is one vLLM and veRL users report: the MTP head's wei
 sync (veRL's FSDP actor dropping ``model.mtp_layers.*``; a drafter left with dummy weights). The rollout stays
 lossless, so nothing else notices: drafts are merely rejected, and the speed-up is silently gone. A source whose
 acceptance over the rollouts after a sync falls below its level before by more than chance explains (a one-sided
-binomial test on its draft tokens, at :data:`ALPHA`, and by at least :data:`MIN_FALL` of the level, since draft tokens
-are not independent and the policy's own drift moves acceptance a little every step) logs a warning naming the
-source and the step; ``rollout/canary_<source>_*`` metrics record every check.
+binomial test on its draft tokens, at :data:`ALPHA`) and by at least :data:`MIN_FALL` of the level logs a warning
+naming the source and the step; ``rollout/canary_<source>_*`` metrics record every check.
+
+The floor is what keeps the alarm honest: draft tokens come in responses (a response that repeats itself accepts
+most of its drafts), so a step of few responses varies far more than the token-level test assumes, and the policy's
+own update and the head's first AdamW steps move acceptance too. A head the sync broke or left on dummy weights
+accepts at chance (under 1% for the harness model's head), far below half its level; a stale head that merely lags
+the policy decays slowly, and is what the A/B's frozen-against-online rows measure, not this alarm.
 """
 
 from __future__ import annotations
@@ -18,7 +23,8 @@ from scipy.stats import binom
 logger = logging.getLogger(__name__)
 
 ALPHA = 1e-4  # the chance of a false alarm per source and step, were draft tokens independent
-MIN_FALL = 0.3  # ... and the fall must be at least this share of the level before
+MIN_FALL = 0.5  # ... and the fall must be at least this share of the level before: a healthy two-replica veRL run
+# of 8-16 responses a step fell by more than 0.3 of its level once (CI)
 MIN_DRAFTS = 50  # draft tokens a source needs, before and after, to be checked
 SYNCED_SOURCES = ("mtp",)  # the sources whose drafts come from synced weights: only their fall can be a broken sync.
 # A model-free source's acceptance is reported too, but its fall is the text's or, in the hybrid, the rows the head

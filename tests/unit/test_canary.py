@@ -26,6 +26,8 @@ def test_too_few_drafts_or_a_small_fall_are_not_alarms() -> None:
     canary.check(1, {"mtp": (1000, 500)})
     assert canary.check(2, {"mtp": (20, 0)}) == {}  # too few draft tokens to judge
     assert canary.check(3, {"mtp": (1000, 420)})["rollout/canary_mtp_fell"] == 0.0  # drift, not a broken sync
+    # a fall of over a third, far beyond the token-level test's chance, but within what a step of few responses moves
+    assert canary.check(4, {"mtp": (1000, 270)})["rollout/canary_mtp_fell"] == 0.0
 
 
 def test_a_veRL_steps_counts_come_from_the_hybrid_drafters_cumulative_rows_or_the_servers_totals(tmp_path) -> None:
