@@ -3,6 +3,7 @@
     python -m recipe.ab --name cpu24 trainer.total_training_steps=24   # all modes, then the report
     python -m recipe.ab --name cpu24 --modes off,sam                   # a subset
     python -m recipe.ab --name cpu24 --report-only                     # tables and plots again
+    python -m recipe.ab --name cpu24 --seeds 0,1 --modes off,hybrid    # an A/B per seed (data.seed)
 
 Every mode runs the same config, data and seed (``python -m recipe.dapo`` in its own process, so a crash of
 one mode loses nothing of the others, and a rerun resumes a killed mode from its checkpoint and skips
@@ -27,7 +28,12 @@ own text, siblings, earlier epochs and every prompt's responses, each request's 
 chances), ``sam_own`` (own text only), ``sam_every`` (the default without the payoff rule: every draft the match
 rules give), ``sam_eager`` (the default with ``spec.sam.defer_idle=false``: its drafter works on every step where
 nothing can pay), ``sam_longest`` (``spec.sam.scored=false spec.sam.global_sharing=false``: the longest match, the
-default before scored drafting), ``mtp_frozen``, ``mtp_online``.
+default before scored drafting), ``mtp_frozen``, ``mtp_online``, ``hybrid`` (SAM and the online head in one engine).
+
+With ``--seeds`` each seed runs an A/B of its own under ``runs/ab/<name>/seed<s>/`` (more seeds for some modes:
+run again with those modes and seeds; the report reads every seed's runs): the tables above are the first seed's,
+and an across-seeds section puts every run side by side (slime's per-step curves in ``seeds.png``), each mode's
+speed against spec off's of the same seed and its reward against spec off's seed spread.
 
 The report reads what each run logged (its ``metrics.jsonl`` and rollout timelines); it computes no metric the
 run already has.
@@ -50,6 +56,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {list(MODES)}")
     parser.add_argument("--runs-root", default=str(REPO_ROOT / "runs" / "ab"))
     parser.add_argument("--out", help="where the tables and plots go (default: results/ab/<name>/)")
+    parser.add_argument(
+        "--seeds",
+        help="comma-separated seeds (data.seed), an A/B each under runs/ab/<name>/seed<s>/ (default: one A/B "
+        "at the config's seed, its runs under runs/ab/<name>/)",
+    )
     parser.add_argument("--report-only", action="store_true", help="only rebuild tables and plots")
     parser.add_argument("--val-n", type=int, help="held-out problems (default: the runs' data.val_max_samples)")
     parser.add_argument(
@@ -72,12 +83,16 @@ def main(argv: list[str] | None = None) -> None:
     bad = [o for o in overrides if "=" not in o or o.startswith("-")]
     if bad:
         parser.error(f"not a Hydra override (key=value): {bad}")
+    try:
+        seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
+    except ValueError:
+        parser.error(f"--seeds {args.seeds}: not a comma-separated list of integers")
     runs_root = Path(args.runs_root)
     out = Path(args.out) if args.out else RESULTS_DIR / "ab" / args.name
     if args.earlier_default:
         overrides = [*earlier_default(), *overrides]
     if not args.report_only:
-        run_modes(args.name, modes, overrides, runs_root, args.chunk_steps)
+        run_modes(args.name, modes, overrides, runs_root, args.chunk_steps, seeds)
     given = argv if argv is not None else sys.argv[1:]
     command = "python -m recipe.ab " + " ".join(a for a in given if a != "--report-only")
     report(args.name, runs_root, out, command, args.val_n)

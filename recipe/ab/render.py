@@ -11,8 +11,8 @@ import numpy as np
 import pandas as pd
 from omegaconf import OmegaConf
 
-from recipe.ab.runner import MODES
-from recipe.ab.stats import ALPHA, QUARTER_METRICS, series, tables
+from recipe.ab.runner import HEAD_MODES, MODES, run_dir_of, seed_dir, seeds_on_disk
+from recipe.ab.stats import ALPHA, QUARTER_METRICS, across_seeds, series, tables
 from recipe.dapo.run_dir import read_history
 from recipe.dapo.timeline import RolloutTimeline, saved_timelines, speed_by_active_requests_vs_off
 from recipe.provenance import commit, machine
@@ -64,12 +64,15 @@ ASCEND_COLUMNS = {
 }
 
 
-def markdown(t: dict[str, list[dict]], runs: dict[str, list[dict]], command: str, tail_threshold: int) -> str:
+def markdown(
+    t: dict[str, list[dict]], runs: dict[str, list[dict]], command: str, tail_threshold: int, seed: int | None
+) -> str:
     steps = max((sum(r["step"] > 0 for r in h) for h in runs.values()), default=0)
+    same = "same config, data and seed" if seed is None else f"same config and data; seed {seed}'s runs"
     lines = [
         "# Seeded A/B: speculative rollout modes in DAPO training",
         "",
-        f"Produced by `{command}` ({steps} steps per mode, same config, data and seed; means over steps of what "
+        f"Produced by `{command}` ({steps} steps per mode, {same}; means over steps of what "
         f"each run logged). Long tail: engine steps with at most {tail_threshold} active requests "
         "(recipe.long_tail_threshold); rollout metrics pool each step's generation rounds. Tables written on "
         f"{machine()} at commit {commit()}.",
@@ -135,9 +138,94 @@ def markdown(t: dict[str, list[dict]], runs: dict[str, list[dict]], command: str
                  **{f"Q{i}": cell(r[f"q{i}"], f".{labels[r['metric']][1]}f") for i in range(1, 5)}}
                 for r in t["quarters"]]  # fmt: skip
         lines += ["", "## By quarter of the run", "", "Means over each quarter of the training steps.", "", md(rows)]
+    if t.get("seeds"):
+        lines += seeds_markdown(t["seeds"], t["seeds_vs_off"])
     lines += ["", "![acceptance](acceptance.png)", "", "![throughput](throughput.png)", ""]
     lines += ["![reward and length](reward_length.png)", "", "![drift](drift.png)", "", "![timeline](timeline.png)", ""]
     return "\n".join(lines)
+
+
+SEED_COLUMNS = {
+    "mode": ("mode", ""),
+    "seed": ("seed", ""),
+    "rollout_tok_s": ("rollout tok/s", ".0f"),
+    "tail_tok_s": ("long-tail tok/s", ".0f"),
+    "accept_len": ("tokens per request-step", ".2f"),
+    "reward": ("mean reward (all generated)", ".3f"),
+    "wall_clock_s": ("training time to the common step (s)", ".0f"),
+}
+SEED_SUMMARY_COLUMNS = {
+    "mode": ("mode", ""),
+    "seeds": ("seeds", ""),
+    "rollout_tok_s_vs_off": ("rollout tok/s vs off, same seed", ".2f"),
+    "tail_tok_s_vs_off": ("long tail vs off", ".2f"),
+    "speedup_to_step": ("wall-clock to the common step, off's / the mode's", ".2f"),
+    "reward_minus_off": ("mean reward - off's", "+.3f"),
+    "reward_seed_spread": ("seed spread of the mean reward", ".3f"),
+    "agrees": ("within the seed spread", ""),
+}
+
+
+def seeds_markdown(per_seed: list[dict], summary: list[dict]) -> list[str]:
+    """The across-seeds section: every mode's runs side by side, then each mode against spec off's runs."""
+    lines = [
+        "",
+        "## Across seeds",
+        "",
+        f"Every run of every seed (means over its steps; training time summed to step {per_seed[0]['to_step']}, the "
+        "last step every run reached), then each mode against spec off: speed ratios over the seeds both ran (geometric "
+        "mean), and its mean reward over its seeds against spec off's, which must differ by no more than the larger "
+        "of the two modes' ranges of per-seed means (the modes sample one distribution). The curves: `seeds.png`.",
+        "",
+        md(per_seed, SEED_COLUMNS),
+    ]
+    if summary:
+        lines += ["", md(summary, SEED_SUMMARY_COLUMNS)]
+    return lines + ["", "![every seed](seeds.png)"]
+
+
+def seeds_plot(by_seed: dict[int, dict[str, list[dict]]], path: Path) -> None:
+    """slime's per-step curves for every run of every seed (one colour per mode, one line style per seed): rollout
+    time, long-tail time, tokens per request-step, reward, and the training time to each step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def tail_seconds(h: list[dict]) -> tuple[np.ndarray, np.ndarray]:
+        rows = [r for r in h if "timing_s/gen" in r and "rollout/tail_time_share" in r]
+        return np.array([r["step"] for r in rows]), np.array(
+            [r["timing_s/gen"] * r["rollout/tail_time_share"] for r in rows]
+        )
+
+    def cumulative(h: list[dict]) -> tuple[np.ndarray, np.ndarray]:
+        steps, seconds = series([r for r in h if r["step"] > 0], "timing_s/step")
+        return steps, np.cumsum(seconds)
+
+    panels = [
+        ("rollout time per step (s)", lambda h: series(h, "timing_s/gen")),
+        ("long-tail time per step (s)", tail_seconds),
+        ("tokens per request-step", lambda h: series(h, "rollout/tokens_per_request_step")),
+        ("mean reward (all generated)", lambda h: series(h, "train/gen_score_mean")),
+        ("training time to the step (s)", cumulative),
+    ]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 3.8))
+    colours = {mode: f"C{i}" for i, mode in enumerate(MODES)}
+    styles = ["-", "--", ":", "-."]
+    for ax, (title, curve) in zip(axes, panels, strict=True):
+        for s_i, (seed, by_mode) in enumerate(sorted(by_seed.items())):
+            for mode, h in by_mode.items():
+                steps, values = curve(h)
+                if len(values):
+                    ax.plot(steps, values, styles[s_i % len(styles)], color=colours[mode], lw=1.3,
+                            label=f"{mode}, seed {seed}")  # fmt: skip
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def plots(runs: dict[str, list[dict]], runs_dir: Path, out: Path) -> None:
@@ -157,7 +245,7 @@ def plots(runs: dict[str, list[dict]], runs_dir: Path, out: Path) -> None:
         ("acceptance.png", [("rollout/spec_accept_length", "mean acceptance length (vLLM)",
                              [m for m in MODES if m != "off"]),
                             ("mtp/head_acc", "MTP head top-1 accuracy on the step's responses",
-                             ["mtp_frozen", "mtp_online"])]),
+                             list(HEAD_MODES))]),
         ("throughput.png", [("rollout/throughput_tok_s", "rollout tokens/s", list(runs)),
                             ("rollout/tail_throughput_tok_s", "long-tail tokens/s", list(runs))]),
         ("reward_length.png", [("train/gen_score_mean", "mean reward (all generated)", list(runs)),
@@ -198,7 +286,7 @@ def drift_plot(runs: dict[str, list[dict]], path: Path) -> None:
                                  ("drift/mtp_accept_sampled_start_head", "x:", "starting head, sampled"),
                                  ("drift/mtp_accept_sampled_head", "x-", "run's head, sampled"),
                                  ("rollout/spec_draft_acceptance_rate", ".", "vLLM measured")):  # fmt: skip
-            if not mode.startswith("mtp") and "start_head" not in key:
+            if mode not in HEAD_MODES and "start_head" not in key:
                 continue
             rows = [r for r in h if key in r and "drift/kl_from_start" in r]
             if rows:
@@ -289,7 +377,9 @@ def run_config(run_dir: Path):
 
 
 def report(name: str, runs_root: Path, out: Path, command: str, val_n: int | None) -> Path:
-    runs_dir = runs_root / name
+    """The A/B's tables and plots in ``out``; of a multi-seed A/B, the first seed's, and every seed's side by side."""
+    seeds = seeds_on_disk(runs_root / name)
+    runs_dir = seed_dir(runs_root / name, seeds[0] if seeds else None)
     runs = {m: h for m in MODES if (h := read_history(runs_dir / m))}
     if not runs:
         raise SystemExit(f"[ab] no finished runs under {runs_dir}")
@@ -307,11 +397,15 @@ def report(name: str, runs_root: Path, out: Path, command: str, val_n: int | Non
     t["by_active"] = speed_by_active_requests_vs_off(
         {m: [tl for step in sorted(tls) for tl in tls[step]] for m, tls in by_step.items()}
     )
+    if seeds:
+        by_seed = {s: {m: h for m in MODES if (h := read_history(run_dir_of(runs_root / name, m, s)))} for s in seeds}
+        t["seeds"], t["seeds_vs_off"] = across_seeds(by_seed)
+        seeds_plot(by_seed, out / "seeds.png")
     for key, rows in t.items():
         if rows:
             pd.DataFrame(rows).to_csv(out / f"{key}.csv", index=False)
     (out / "tables.json").write_text(json.dumps(t, indent=2))
     plots(runs, runs_dir, out)
-    (out / "README.md").write_text(markdown(t, runs, command, tail_threshold))
+    (out / "README.md").write_text(markdown(t, runs, command, tail_threshold, seeds[0] if seeds else None))
     print((out / "README.md").read_text())
     return out

@@ -3,7 +3,9 @@
 A crash of one mode loses nothing of the others, and a rerun resumes a killed mode from its checkpoint and skips
 finished ones. Modes take turns in chunks of training steps, each chunk resuming the mode's run from its checkpoint
 (a resumed run logs what an uninterrupted one would), so that slow and fast spells of a shared machine fall on every
-mode alike instead of on whichever mode ran during them.
+mode alike instead of on whichever mode ran during them. With several seeds each seed is an A/B of its own
+(``data.seed``: the data order, the rollout engine's sampling and, on backend=local, the policy's RNGs), its runs under
+``seed<s>/``, taking turns with the others' chunk by chunk.
 """
 
 from __future__ import annotations
@@ -32,7 +34,25 @@ MODES: dict[str, list[str]] = {  # mode name -> the Hydra overrides that select 
     "sam_longest": ["spec=sam", "spec.sam.scored=false", "spec.sam.global_sharing=false"],
     "mtp_frozen": ["spec=mtp", "spec.mtp.train=frozen"],
     "mtp_online": ["spec=mtp", "spec.mtp.train=online"],
+    "hybrid": ["spec=hybrid"],  # SAM and the online MTP head in one engine, chosen per request (sam/hybrid.py)
 }
+
+HEAD_MODES = ("mtp_frozen", "mtp_online", "hybrid")  # the modes that draft with the MTP head
+
+
+def seed_dir(root: Path, seed: int | None) -> Path:
+    """Where an A/B's runs of one seed go: ``<root>``, or ``<root>/seed<s>`` in a multi-seed A/B."""
+    return root if seed is None else root / f"seed{seed}"
+
+
+def run_dir_of(root: Path, mode: str, seed: int | None) -> Path:
+    """Where a mode's run of an A/B goes: ``<root>/<mode>``, or ``<root>/seed<s>/<mode>`` in a multi-seed A/B."""
+    return seed_dir(root, seed) / mode
+
+
+def seeds_on_disk(root: Path) -> list[int]:
+    """The seeds a multi-seed A/B has runs of (its ``seed<s>/`` folders), ascending; [] for a single-seed A/B."""
+    return sorted(int(p.name.removeprefix("seed")) for p in root.glob("seed*") if p.name[4:].isdigit())
 
 
 def earlier_default() -> list[str]:
@@ -73,9 +93,12 @@ def chunk_ends(steps: int, chunk_steps: int) -> list[int]:
     return [*range(chunk_steps, steps, chunk_steps), steps]
 
 
-def run_modes(name: str, modes: list[str], overrides: list[str], runs_root: Path, chunk_steps: int) -> None:
-    """Each mode in its own ``python -m recipe.dapo`` process, modes taking turns chunk by chunk; finished modes
-    are skipped, killed ones resume."""
+def run_modes(
+    name: str, modes: list[str], overrides: list[str], runs_root: Path, chunk_steps: int, seeds: list[int] | None = None
+) -> None:
+    """Each mode (of each seed) in its own ``python -m recipe.dapo`` process, runs taking turns chunk by chunk;
+    finished runs are skipped, killed ones resume. ``seeds``: one A/B per seed (``data.seed``), under ``seed<s>/``;
+    None: one A/B at the config's seed."""
     cfg = composed([*overrides, *MODES[modes[0]]])  # with a mode's spec group, which overrides may set
     steps = int(cfg.trainer.total_training_steps)
     optim = cfg.actor_rollout_ref.actor.optim
@@ -86,22 +109,27 @@ def run_modes(name: str, modes: list[str], overrides: list[str], runs_root: Path
             "actor_rollout_ref.actor.optim.lr_scheduler_type=constant"
         )
     overrides = [o for o in overrides if not o.startswith("trainer.total_training_steps=")]
+    if seeds is not None:
+        overrides = [o for o in overrides if not o.startswith("data.seed=")]
     pending = []
-    for mode in modes:
-        done = read_history(runs_root / name / mode)
-        if done and done[-1]["step"] >= steps:
-            print(f"[ab] {mode}: finished ({steps} steps) in {runs_root / name / mode}, skipped", flush=True)
-        else:
-            pending.append(mode)
+    for seed in seeds if seeds is not None else [None]:
+        for mode in modes:
+            label = mode if seed is None else f"{mode} (seed {seed})"
+            run_dir = run_dir_of(runs_root / name, mode, seed)
+            done = read_history(run_dir)
+            if done and done[-1]["step"] >= steps:
+                print(f"[ab] {label}: finished ({steps} steps) in {run_dir}, skipped", flush=True)
+            else:
+                pending.append((mode, seed, label, run_dir))
     for end in chunk_ends(steps, chunk_steps):
-        for mode in pending:
-            run_dir = runs_root / name / mode
+        for mode, seed, label, run_dir in pending:
             done = read_history(run_dir)
             if done and done[-1]["step"] >= end:
                 continue
             args = [
                 *overrides,
                 *MODES[mode],
+                *([] if seed is None else [f"data.seed={seed}"]),
                 f"trainer.total_training_steps={end}",
                 f"actor_rollout_ref.actor.optim.total_training_steps={steps}",  # the whole run's lr schedule
                 f"trainer.default_local_dir={run_dir}",
@@ -109,10 +137,10 @@ def run_modes(name: str, modes: list[str], overrides: list[str], runs_root: Path
                 # runs keep none)
                 f"hydra.run.dir={run_dir}/hydra",
                 "hydra.output_subdir=.hydra",
-                f"trainer.experiment_name={mode}",
+                f"trainer.experiment_name={mode if seed is None else f'{mode}-seed{seed}'}",
                 "trainer.resume_mode=auto",
             ]
-            print(f"[ab] {mode}: python -m recipe.dapo {' '.join(args)}", flush=True)
+            print(f"[ab] {label}: python -m recipe.dapo {' '.join(args)}", flush=True)
             proc = subprocess.run([sys.executable, "-m", "recipe.dapo", *args], cwd=REPO_ROOT)
             if proc.returncode != 0:
-                raise SystemExit(f"[ab] mode {mode} failed (exit {proc.returncode}); rerun the same command to resume")
+                raise SystemExit(f"[ab] {label} failed (exit {proc.returncode}); rerun the same command to resume")

@@ -160,3 +160,61 @@ def by_quarter(runs: dict[str, list[dict]]) -> list[dict]:
             rows.append({"mode": mode, "metric": key, **{f"q{i + 1}": float(q.mean()) if len(q) else math.nan
                                                         for i, q in enumerate(quarter)}})  # fmt: skip
     return rows
+
+
+def wall_clock(h: list[dict], step: int) -> float:
+    """Seconds of training steps (``timing_s/step``) a run took to reach ``step``."""
+    steps, seconds = series(h, "timing_s/step")
+    return float(seconds[(steps > 0) & (steps <= step)].sum()) if len(seconds) else math.nan
+
+
+def across_seeds(runs: dict[int, dict[str, list[dict]]]) -> tuple[list[dict], list[dict]]:
+    """A multi-seed A/B (seed -> mode -> history): a row per mode and seed (means over steps, the wall-clock to the
+    last step every run reached), and a row per mode against spec off. The modes sample one distribution, so a mode's
+    mean reward over its seeds must lie within the seed spread of spec off's: the larger of the two modes' ranges of
+    per-seed means (one seed alone has none: no verdict)."""
+    common = min(
+        int(series(h, "timing_s/step")[0].max(initial=0)) for by_mode in runs.values() for h in by_mode.values()
+    )
+    per_seed = [
+        {
+            "mode": mode,
+            "seed": seed,
+            "rollout_tok_s": mean_of(h, "rollout/throughput_tok_s"),
+            "tail_tok_s": mean_of(h, "rollout/tail_throughput_tok_s"),
+            "accept_len": mean_of(h, "rollout/tokens_per_request_step"),
+            "reward": mean_of(h, "train/gen_score_mean"),
+            "wall_clock_s": wall_clock(h, common),
+            "to_step": common,
+        }
+        for seed, by_mode in sorted(runs.items())
+        for mode, h in by_mode.items()
+    ]
+    by_mode: dict[str, list[dict]] = {}
+    for row in per_seed:
+        by_mode.setdefault(row["mode"], []).append(row)
+    off = by_mode.get("off", [])
+    off_at = {r["seed"]: r for r in off}
+    summary = []
+    for mode, rows in by_mode.items():
+        if mode == "off" or not off:
+            continue
+        paired = [(r, off_at[r["seed"]]) for r in rows if r["seed"] in off_at]  # the same seed's spec off
+        rewards, off_rewards = [r["reward"] for r in rows], [r["reward"] for r in off]
+        spread = max(np.ptp(rewards), np.ptp(off_rewards))
+        difference = float(np.mean(rewards) - np.mean(off_rewards))
+        summary.append(
+            {
+                "mode": mode,
+                "seeds": len(rows),
+                **{
+                    f"{key}_vs_off": ratio_interval([r[key] / o[key] for r, o in paired])[0]
+                    for key in ("rollout_tok_s", "tail_tok_s")
+                },
+                "speedup_to_step": ratio_interval([o["wall_clock_s"] / r["wall_clock_s"] for r, o in paired])[0],
+                "reward_minus_off": difference,
+                "reward_seed_spread": float(spread),
+                "agrees": "-" if spread == 0 else ("yes" if abs(difference) <= spread else "NO"),
+            }
+        )
+    return per_seed, summary

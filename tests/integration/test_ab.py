@@ -18,9 +18,11 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_two_mode_ab_runs_and_writes_tables_and_plots(harness_model, tmp_path):
+    """Two modes at seed 0, then spec off again at seed 1 (a second seed for some modes, as a real A/B adds them):
+    modes take turns, the tables are the runs' logged metrics, and the across-seeds section pairs every run."""
     data = harness_model.parent / "data"
     args = [
-        sys.executable, "-m", "recipe.ab", "--name", "t", "--modes", "off,sam", "--chunk-steps", "1",
+        sys.executable, "-m", "recipe.ab", "--name", "t", "--seeds", "0", "--modes", "off,sam", "--chunk-steps", "1",
         "--runs-root", str(tmp_path / "runs"), "--out", str(tmp_path / "results" / "t"), "--val-n", "8",
         f"actor_rollout_ref.model.path={harness_model}", f"data.train_files={data / 'train.parquet'}",
         f"data.val_files={data / 'test.parquet'}", "trainer.total_training_steps=2",
@@ -31,8 +33,13 @@ def test_two_mode_ab_runs_and_writes_tables_and_plots(harness_model, tmp_path):
     ]  # fmt: skip
     proc = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    turns = re.findall(r"^\[ab\] (\w+): .*trainer\.total_training_steps=(\d+) ", proc.stdout, flags=re.M)
+    turns = re.findall(r"^\[ab\] (\w+) \(seed 0\): .*trainer\.total_training_steps=(\d+) ", proc.stdout, flags=re.M)
     assert turns == [("off", "1"), ("sam", "1"), ("off", "2"), ("sam", "2")]  # modes take turns, one step each
+    second = [a if a != "off,sam" else "off" for a in args]
+    second[second.index("--seeds") + 1] = "1"
+    proc = subprocess.run(second, cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    runs = tmp_path / "runs" / "t"
     out = tmp_path / "results" / "t"
     readme = (out / "README.md").read_text()
     headings = ("(a) Rollout and training speed", "(b) Time per step", "(c) Speed at equal batch size", "Lossless")
@@ -60,7 +67,7 @@ def test_two_mode_ab_runs_and_writes_tables_and_plots(harness_model, tmp_path):
     # the tables are the runs' logged metrics: each column is the mean over steps of the key the recipe logs
     slime = {r["mode"]: r for r in json.loads((out / "tables.json").read_text())["slime"]}
     for mode in ("off", "sam"):
-        logged = [json.loads(x) for x in (tmp_path / "runs" / "t" / mode / "metrics.jsonl").read_text().splitlines()]
+        logged = [json.loads(x) for x in (runs / "seed0" / mode / "metrics.jsonl").read_text().splitlines()]
         for column, key in (("rollout_tok_s", "rollout/throughput_tok_s"), ("tail_tok_s", "rollout/tail_throughput_tok_s"),
                             ("accept_len", "rollout/tokens_per_request_step")):  # fmt: skip
             values = [r[key] for r in logged if key in r]
@@ -68,5 +75,20 @@ def test_two_mode_ab_runs_and_writes_tables_and_plots(harness_model, tmp_path):
     lossless = json.loads((out / "tables.json").read_text())["lossless"]
     assert [r["mode"] for r in lossless] == ["sam"]
     assert 0 < lossless[0]["score_p"] <= 1 and "tiny_sum_greedy_p" in lossless[0]  # held-out key of the data source
+    # every run side by side: seed 1 sampled other responses; sam's speed against spec off's of its own seed
+    seeds = {(r["mode"], r["seed"]): r for r in json.loads((out / "tables.json").read_text())["seeds"]}
+    assert set(seeds) == {("off", 0), ("sam", 0), ("off", 1)} and "## Across seeds" in readme
+    assert (out / "seeds.png").stat().st_size > 5000
+    logged_off = [[json.loads(x) for x in (runs / f"seed{s}" / "off" / "metrics.jsonl").open()] for s in (0, 1)]
+    lengths = [[r["response_length/mean"] for r in rows if "response_length/mean" in r] for rows in logged_off]
+    assert lengths[0] != lengths[1]
+    (sam_vs_off,) = json.loads((out / "tables.json").read_text())["seeds_vs_off"]
+    ratio = seeds[("sam", 0)]["rollout_tok_s"] / seeds[("off", 0)]["rollout_tok_s"]
+    assert sam_vs_off["seeds"] == 1 and sam_vs_off["rollout_tok_s_vs_off"] == pytest.approx(ratio)
+    spread = abs(seeds[("off", 0)]["reward"] - seeds[("off", 1)]["reward"])  # sam has one seed: off's spread alone
+    assert sam_vs_off["reward_seed_spread"] == pytest.approx(spread)
+    assert sam_vs_off["agrees"] == (
+        "-" if spread == 0 else "yes" if abs(sam_vs_off["reward_minus_off"]) <= spread else "NO"
+    )
     again = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and again.stdout.count("skipped") == 2  # finished modes are not rerun
