@@ -28,7 +28,8 @@ own text, siblings, earlier epochs and every prompt's responses, each request's 
 chances), ``sam_own`` (own text only), ``sam_every`` (the default without the payoff rule: every draft the match
 rules give), ``sam_eager`` (the default with ``spec.sam.defer_idle=false``: its drafter works on every step where
 nothing can pay), ``sam_longest`` (``spec.sam.scored=false spec.sam.global_sharing=false``: the longest match, the
-default before scored drafting), ``mtp_frozen``, ``mtp_online``, ``hybrid`` (SAM and the online head in one engine).
+default before scored drafting), ``mtp_frozen``, ``mtp_online``, ``hybrid`` (SAM and the online head in one engine);
+``<mode>-2`` runs a mode a second time, an A/A control: how far two runs of one mode differ on this machine.
 
 With ``--seeds`` each seed runs an A/B of its own under ``runs/ab/<name>/seed<s>/`` (more seeds for some modes:
 run again with those modes and seeds; the report reads every seed's runs): the tables above are the first seed's,
@@ -46,14 +47,18 @@ import sys
 from pathlib import Path
 
 from recipe.ab.render import report
-from recipe.ab.runner import MODES, REPO_ROOT, earlier_default, run_modes
+from recipe.ab.runner import MODES, REPO_ROOT, base_mode, earlier_default, run_modes
 from recipe.paths import RESULTS_DIR
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--name", default="default", help="A/B name: its runs go to runs/ab/<name>/")
-    parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {list(MODES)}")
+    parser.add_argument(
+        "--modes",
+        default=",".join(MODES),
+        help=f"comma-separated subset of {list(MODES)}; <mode>-2 runs a mode again, an A/A control of the noise",
+    )
     parser.add_argument("--runs-root", default=str(REPO_ROOT / "runs" / "ab"))
     parser.add_argument("--out", help="where the tables and plots go (default: results/ab/<name>/)")
     parser.add_argument(
@@ -77,9 +82,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     args, overrides = parser.parse_known_args(argv)
     modes = args.modes.split(",")
-    unknown = [m for m in modes if m not in MODES]
+    unknown = [m for m in modes if base_mode(m) is None]
     if unknown:
-        parser.error(f"unknown mode(s) {unknown}; known: {list(MODES)}")
+        parser.error(f"unknown mode(s) {unknown}; known: {list(MODES)}, or <mode>-2 for a second run of one")
     bad = [o for o in overrides if "=" not in o or o.startswith("-")]
     if bad:
         parser.error(f"not a Hydra override (key=value): {bad}")

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 from omegaconf import OmegaConf
 
-from recipe.ab.runner import HEAD_MODES, MODES, run_dir_of, seed_dir, seeds_on_disk
+from recipe.ab.runner import HEAD_MODES, base_mode, modes_on_disk, run_dir_of, seed_dir, seeds_on_disk
 from recipe.ab.stats import ALPHA, QUARTER_METRICS, across_seeds, series, tables
 from recipe.dapo.run_dir import read_history
 from recipe.dapo.timeline import RolloutTimeline, saved_timelines, speed_by_active_requests_vs_off
@@ -210,7 +210,8 @@ def seeds_plot(by_seed: dict[int, dict[str, list[dict]]], path: Path) -> None:
         ("training time to the step (s)", cumulative),
     ]
     fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 3.8))
-    colours = {mode: f"C{i}" for i, mode in enumerate(MODES)}
+    names = dict.fromkeys(mode for by_mode in by_seed.values() for mode in by_mode)  # every run name, in order
+    colours = {mode: f"C{i}" for i, mode in enumerate(names)}
     styles = ["-", "--", ":", "-."]
     for ax, (title, curve) in zip(axes, panels, strict=True):
         for s_i, (seed, by_mode) in enumerate(sorted(by_seed.items())):
@@ -243,9 +244,9 @@ def plots(runs: dict[str, list[dict]], runs_dir: Path, out: Path) -> None:
 
     panels = [
         ("acceptance.png", [("rollout/spec_accept_length", "mean acceptance length (vLLM)",
-                             [m for m in MODES if m != "off"]),
+                             [m for m in runs if m != "off"]),
                             ("mtp/head_acc", "MTP head top-1 accuracy on the step's responses",
-                             list(HEAD_MODES))]),
+                             [m for m in runs if base_mode(m) in HEAD_MODES])]),
         ("throughput.png", [("rollout/throughput_tok_s", "rollout tokens/s", list(runs)),
                             ("rollout/tail_throughput_tok_s", "long-tail tokens/s", list(runs))]),
         ("reward_length.png", [("train/gen_score_mean", "mean reward (all generated)", list(runs)),
@@ -286,7 +287,7 @@ def drift_plot(runs: dict[str, list[dict]], path: Path) -> None:
                                  ("drift/mtp_accept_sampled_start_head", "x:", "starting head, sampled"),
                                  ("drift/mtp_accept_sampled_head", "x-", "run's head, sampled"),
                                  ("rollout/spec_draft_acceptance_rate", ".", "vLLM measured")):  # fmt: skip
-            if mode not in HEAD_MODES and "start_head" not in key:
+            if base_mode(mode) not in HEAD_MODES and "start_head" not in key:
                 continue
             rows = [r for r in h if key in r and "drift/kl_from_start" in r]
             if rows:
@@ -380,7 +381,7 @@ def report(name: str, runs_root: Path, out: Path, command: str, val_n: int | Non
     """The A/B's tables and plots in ``out``; of a multi-seed A/B, the first seed's, and every seed's side by side."""
     seeds = seeds_on_disk(runs_root / name)
     runs_dir = seed_dir(runs_root / name, seeds[0] if seeds else None)
-    runs = {m: h for m in MODES if (h := read_history(runs_dir / m))}
+    runs = {m: h for m in modes_on_disk(runs_dir) if (h := read_history(runs_dir / m))}
     if not runs:
         raise SystemExit(f"[ab] no finished runs under {runs_dir}")
     cfg = run_config(runs_dir / next(iter(runs)))
@@ -398,7 +399,14 @@ def report(name: str, runs_root: Path, out: Path, command: str, val_n: int | Non
         {m: [tl for step in sorted(tls) for tl in tls[step]] for m, tls in by_step.items()}
     )
     if seeds:
-        by_seed = {s: {m: h for m in MODES if (h := read_history(run_dir_of(runs_root / name, m, s)))} for s in seeds}
+        by_seed = {
+            s: {
+                m: h
+                for m in modes_on_disk(seed_dir(runs_root / name, s))
+                if (h := read_history(run_dir_of(runs_root / name, m, s)))
+            }
+            for s in seeds
+        }
         t["seeds"], t["seeds_vs_off"] = across_seeds(by_seed)
         seeds_plot(by_seed, out / "seeds.png")
     for key, rows in t.items():

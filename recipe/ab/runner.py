@@ -40,6 +40,23 @@ MODES: dict[str, list[str]] = {  # mode name -> the Hydra overrides that select 
 HEAD_MODES = ("mtp_frozen", "mtp_online", "hybrid")  # the modes that draft with the MTP head
 
 
+def base_mode(mode: str) -> str | None:
+    """The mode a run name selects: a mode of :data:`MODES`, or ``<mode>-<n>`` (n >= 2), a further run of that mode
+    (an A/A control: the spread between two runs of one mode is what the machine's noise alone moves); None if
+    neither."""
+    name, _, copy = mode.rpartition("-")
+    if name in MODES and copy.isdigit() and int(copy) >= 2:
+        return name
+    return mode if mode in MODES else None
+
+
+def modes_on_disk(root: Path) -> list[str]:
+    """The run names under an A/B's (or one seed's) folder, in :data:`MODES`' order, each mode's further runs after it."""
+    names = [p.name for p in root.iterdir() if p.is_dir() and base_mode(p.name)] if root.is_dir() else []
+    order = list(MODES)
+    return sorted(names, key=lambda n: (order.index(base_mode(n)), len(n), n))
+
+
 def seed_dir(root: Path, seed: int | None) -> Path:
     """Where an A/B's runs of one seed go: ``<root>``, or ``<root>/seed<s>`` in a multi-seed A/B."""
     return root if seed is None else root / f"seed{seed}"
@@ -99,7 +116,7 @@ def run_modes(
     """Each mode (of each seed) in its own ``python -m recipe.dapo`` process, runs taking turns chunk by chunk;
     finished runs are skipped, killed ones resume. ``seeds``: one A/B per seed (``data.seed``), under ``seed<s>/``;
     None: one A/B at the config's seed."""
-    cfg = composed([*overrides, *MODES[modes[0]]])  # with a mode's spec group, which overrides may set
+    cfg = composed([*overrides, *MODES[base_mode(modes[0])]])  # with a mode's spec group, which overrides may set
     steps = int(cfg.trainer.total_training_steps)
     optim = cfg.actor_rollout_ref.actor.optim
     if cfg.backend == "verl" and len(chunk_ends(steps, chunk_steps)) > 1 and optim.lr_scheduler_type != "constant":
@@ -128,7 +145,7 @@ def run_modes(
                 continue
             args = [
                 *overrides,
-                *MODES[mode],
+                *MODES[base_mode(mode)],
                 *([] if seed is None else [f"data.seed={seed}"]),
                 f"trainer.total_training_steps={end}",
                 f"actor_rollout_ref.actor.optim.total_training_steps={steps}",  # the whole run's lr schedule

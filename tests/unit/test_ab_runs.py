@@ -1,0 +1,54 @@
+"""recipe.ab's run names (a mode, or a further run of one as an A/A control; seed folders) and its across-seeds
+verdict on the reward, from real files laid out as the runner writes them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from recipe.ab.runner import base_mode, modes_on_disk, run_dir_of, seeds_on_disk
+from recipe.ab.stats import across_seeds
+
+
+def test_a_further_run_of_a_mode_names_that_mode_and_anything_else_is_unknown() -> None:
+    assert base_mode("sam") == "sam" and base_mode("sam_every-2") == "sam_every" and base_mode("off-3") == "off"
+    assert base_mode("sam-1") is None and base_mode("sam-x") is None and base_mode("bogus-2") is None
+
+
+def test_runs_on_disk_come_in_the_modes_order_with_each_modes_further_runs_after_it(tmp_path: Path) -> None:
+    for seed in (0, 1):
+        for mode in ("sam_every-2", "sam", "off", "sam_every", "off-2"):
+            run_dir_of(tmp_path, mode, seed).mkdir(parents=True)
+    (tmp_path / "seed0" / "plots").mkdir()  # not a run
+    (tmp_path / "seedling").mkdir()  # not a seed folder
+    assert seeds_on_disk(tmp_path) == [0, 1]
+    assert modes_on_disk(tmp_path / "seed0") == ["off", "off-2", "sam", "sam_every", "sam_every-2"]
+    assert seeds_on_disk(tmp_path / "seed0") == [] and modes_on_disk(tmp_path / "missing") == []
+
+
+def history(reward: float, rollout_tok_s: float, step_s: float, steps: int = 4) -> list[dict]:
+    return [{"step": 0}] + [
+        {"step": s, "train/gen_score_mean": reward, "rollout/throughput_tok_s": rollout_tok_s, "timing_s/step": step_s}
+        for s in range(1, steps + 1)
+    ]
+
+
+def test_a_mode_agrees_with_spec_off_within_the_seed_spread_and_not_beyond_it() -> None:
+    runs = {
+        0: {"off": history(0.10, 100, 2.0), "sam": history(0.12, 150, 1.0), "hybrid": history(0.30, 160, 1.0)},
+        1: {"off": history(0.14, 110, 2.2, steps=3), "sam": history(0.13, 160, 1.1)},
+    }
+    per_seed, summary = across_seeds(runs)
+    assert {(r["mode"], r["seed"]) for r in per_seed} == {(m, 0) for m in runs[0]} | {(m, 1) for m in runs[1]}
+    assert all(r["to_step"] == 3 for r in per_seed)  # the last step every run reached
+    assert next(r for r in per_seed if r["mode"] == "off" and r["seed"] == 0)["wall_clock_s"] == pytest.approx(6.0)
+    by_mode = {r["mode"]: r for r in summary}
+    # sam: two seeds, paired with off's of the same seed; off's seeds spread by 0.04, sam's mean 0.005 above off's
+    assert by_mode["sam"]["rollout_tok_s_vs_off"] == pytest.approx((1.5 * 160 / 110) ** 0.5)
+    assert by_mode["sam"]["reward_seed_spread"] == pytest.approx(0.04) and by_mode["sam"]["agrees"] == "yes"
+    assert by_mode["sam"]["speedup_to_step"] == pytest.approx(2.0)  # 6 s against 3 s, 6.6 s against 3.3 s
+    # hybrid: one seed, 0.18 above off's mean: beyond off's spread
+    assert by_mode["hybrid"]["seeds"] == 1 and by_mode["hybrid"]["agrees"] == "NO"
+    json.dumps(summary)  # the report writes it as it is
