@@ -23,8 +23,8 @@ from scipy.stats import binom
 logger = logging.getLogger(__name__)
 
 ALPHA = 1e-4  # the chance of a false alarm per source and step, were draft tokens independent
-MIN_FALL = 0.5  # ... and the fall must be at least this share of the level before: a healthy two-replica veRL run
-# of 8-16 responses a step fell by more than 0.3 of its level once (CI)
+MIN_FALL = 0.5  # ... and the fall must be at least this share of the level before (a healthy run of the veRL tests,
+# 8-16 responses a step, has fallen by more than 0.3 of its level)
 MIN_DRAFTS = 50  # draft tokens a source needs, before and after, to be checked
 SYNCED_SOURCES = ("mtp",)  # the sources whose drafts come from synced weights: only their fall can be a broken sync.
 # A model-free source's acceptance is reported too, but its fall is the text's or, in the hybrid, the rows the head
