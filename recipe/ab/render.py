@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 from omegaconf import OmegaConf
 
-from recipe.ab.runner import HEAD_MODES, base_mode, modes_on_disk, run_dir_of, seed_dir, seeds_on_disk
+from recipe.ab.runner import HEAD_MODES, base_mode, modes_on_disk, seed_dir, seeds_on_disk
 from recipe.ab.stats import ALPHA, QUARTER_METRICS, across_seeds, series, tables
 from recipe.dapo.run_dir import read_history
 from recipe.dapo.timeline import RolloutTimeline, saved_timelines, speed_by_active_requests_vs_off
@@ -377,11 +377,16 @@ def run_config(run_dir: Path):
     return OmegaConf.load(path)
 
 
+def histories(runs_dir: Path) -> dict[str, list[dict]]:
+    """What each run under an A/B's (or one seed's) folder logged, by run name, runs that logged nothing left out."""
+    return {m: h for m in modes_on_disk(runs_dir) if (h := read_history(runs_dir / m))}
+
+
 def report(name: str, runs_root: Path, out: Path, command: str, val_n: int | None) -> Path:
     """The A/B's tables and plots in ``out``; of a multi-seed A/B, the first seed's, and every seed's side by side."""
     seeds = seeds_on_disk(runs_root / name)
-    runs_dir = seed_dir(runs_root / name, seeds[0] if seeds else None)
-    runs = {m: h for m in modes_on_disk(runs_dir) if (h := read_history(runs_dir / m))}
+    by_seed = {s: histories(seed_dir(runs_root / name, s)) for s in seeds or [None]}
+    runs_dir, runs = seed_dir(runs_root / name, seeds[0] if seeds else None), next(iter(by_seed.values()))
     if not runs:
         raise SystemExit(f"[ab] no finished runs under {runs_dir}")
     cfg = run_config(runs_dir / next(iter(runs)))
@@ -399,14 +404,6 @@ def report(name: str, runs_root: Path, out: Path, command: str, val_n: int | Non
         {m: [tl for step in sorted(tls) for tl in tls[step]] for m, tls in by_step.items()}
     )
     if seeds:
-        by_seed = {
-            s: {
-                m: h
-                for m in modes_on_disk(seed_dir(runs_root / name, s))
-                if (h := read_history(run_dir_of(runs_root / name, m, s)))
-            }
-            for s in seeds
-        }
         t["seeds"], t["seeds_vs_off"] = across_seeds(by_seed)
         seeds_plot(by_seed, out / "seeds.png")
     for key, rows in t.items():
