@@ -297,6 +297,25 @@ class StepCost:
         if coef is not None:
             self.coef = coef
 
+    def state_dict(self) -> dict:
+        """What the fit has learned from timed steps, for trainer checkpoints: a resumed run prices drafts as the
+        uninterrupted one does instead of exploring their cost again (the prior's terms come from the constructor)."""
+        return {
+            "xtx": self.xtx.copy(),
+            "xty": self.xty.copy(),
+            "steps": self.steps,
+            "coef": self.coef.copy(),
+            "observed": self._observed,
+            "drafted_steps": self.drafted_steps,
+            "prior_weight": self.prior_weight,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.xtx, self.xty = np.array(state["xtx"], dtype=float), np.array(state["xty"], dtype=float)
+        self.steps, self.coef = float(state["steps"]), np.array(state["coef"], dtype=float)
+        self._observed, self.drafted_steps = int(state["observed"]), int(state["drafted_steps"])
+        self.prior_weight = float(state["prior_weight"])
+
     @property
     def priced(self) -> bool:
         """Whether enough steps were timed (or given by a device prior) to price a step without drafts (exploring
@@ -330,6 +349,9 @@ class PinnedStepCost(StepCost):
 
     def observe(self, rows: int, drafted: int, seconds: float, context: float = 0.0) -> None:
         pass
+
+    def load_state_dict(self, state: dict) -> None:
+        pass  # the given cost stays, whatever a checkpoint learned
 
     @property
     def priced(self) -> bool:

@@ -210,8 +210,8 @@ class SAMProposer:
 
     def state_dict(self) -> dict:
         """Cross-rollout memory (each prompt's lead tokens and history responses, every prompt's responses of the
-        global corpus, the payoff rule's acceptance counts and its last token cost, the step count), for trainer
-        checkpoints.
+        global corpus, the payoff rule's acceptance counts, step-cost fit and last token cost, the step count), for
+        trainer checkpoints.
 
         Call it between rollouts. vLLM's runner drops a finished request only at the next step, so the requests
         of a rollout's last steps are still tracked then; they are finished first, as the next
@@ -232,6 +232,7 @@ class SAMProposer:
             "global": None if self.drafter.global_corpus is None else self.drafter.global_corpus.state(),
             "acceptance": self.acceptance.state_dict(),
             "token_cost": self._token_cost,
+            "step_cost": self.step_cost.state_dict(),  # the timed steps' fit, so a resumed run need not explore again
             "steps": self.steps,  # the phase of the catch-up and exploring steps, which decide where the drafter works
             "started": self.started,  # ... and of each request's rotation of candidates for its shadow drafts
         }
@@ -247,6 +248,8 @@ class SAMProposer:
             self.drafter.global_corpus.restore(*state["global"])
         self.acceptance.load_state_dict(state["acceptance"])
         self._token_cost = float(state.get("token_cost", 0.0))
+        if "step_cost" in state:  # older checkpoints have none: the cost is learned again
+            self.step_cost.load_state_dict(state["step_cost"])
         self.steps = int(state.get("steps", 0))
         self.started = int(state.get("started", 0))
 

@@ -238,6 +238,24 @@ def test_a_pinned_step_cost_drafts_the_same_whatever_the_clock_and_a_checkpoint_
     assert (restored.acceptance.accepted == proposer.acceptance.accepted).all()
 
 
+def test_a_checkpoint_keeps_the_learned_step_cost_and_a_resumed_run_does_not_explore_it_again():
+    proposer = make_proposer(payoff=True, batch_threshold=256)
+    driver = ClockedDriver(proposer, periodic_requests(12), fixed=0.05, per_row=0.001, per_draft=0.0002)
+    for _ in range(120):
+        driver.step()
+    learned = proposer.step_cost
+    assert learned.known and not learned.exploring, learned.drafted_steps
+    restored = make_proposer(payoff=True, batch_threshold=256)
+    assert restored.step_cost.exploring  # a fresh engine would explore the cost again
+    restored.load_state_dict(proposer.state_dict())
+    assert np.array_equal(restored.step_cost.coef, learned.coef) and restored.step_cost.known
+    assert not restored.step_cost.exploring
+    assert restored.step_cost.seconds(32, 64) == learned.seconds(32, 64)
+    pinned = make_proposer(payoff=True, batch_threshold=256, payoff_cost=[0.05, 0.001, 0.0002, 0.0, 0.0002])
+    pinned.load_state_dict(proposer.state_dict())  # a given cost stays given
+    assert pinned.step_cost.coef[:5].tolist() == [0.05, 0.001, 0.0002, 0.0, 0.0002]
+
+
 def test_where_the_engine_is_per_row_overhead_the_cost_of_a_draft_is_explored_and_then_paid():
     # a step whose cost is all per request (Python work per row) and a drafted token nearly free: the prior (a draft
     # costs a request) alone would never draft; exploring steps learn c and the rule then drafts
