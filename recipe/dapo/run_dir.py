@@ -5,6 +5,7 @@ history merged from those (what a resumed or crashed run picks up from)."""
 from __future__ import annotations
 
 import json
+import shutil
 import warnings
 from pathlib import Path
 
@@ -29,6 +30,20 @@ def set_latest_step(run_dir: Path, step: int) -> None:
 def checkpoint_dir(run_dir: Path, step: int) -> Path:
     """Where the checkpoint of ``step`` lives (veRL's name)."""
     return run_dir / f"global_step_{step}"
+
+
+def prune_checkpoints(run_dir: Path, keep: int | None) -> None:
+    """``trainer.max_actor_ckpt_to_keep`` as veRL applies it: keep the newest ``keep`` checkpoints (None or <= 0:
+    every one). The one the resume pointer names is never removed."""
+    if keep is None or keep <= 0:
+        return
+    latest = latest_step(run_dir)
+    steps = sorted(
+        int(p.name.removeprefix("global_step_")) for p in run_dir.glob("global_step_*") if p.name[12:].isdigit()
+    )
+    for step in steps[:-keep]:
+        if step != latest:
+            shutil.rmtree(checkpoint_dir(run_dir, step))
 
 
 def rewind_to_logged_checkpoint(run_dir: Path) -> int:

@@ -42,6 +42,7 @@ from recipe.dapo.run_dir import (
     checkpoint_dir,
     latest_step,
     merge_tracking,
+    prune_checkpoints,
     set_latest_step,
     tracking_path,
     write_history,
@@ -145,6 +146,7 @@ class DAPOTrainer:
         shutil.rmtree(path, ignore_errors=True)
         tmp.rename(path)
         set_latest_step(self.out_dir, self.global_step)
+        prune_checkpoints(self.out_dir, self.cfg.trainer.max_actor_ckpt_to_keep)
         return path
 
     def try_resume(self) -> bool:

@@ -8,7 +8,14 @@ from pathlib import Path
 import pytest
 from verl.utils.tracking import FileLogger
 
-from recipe.dapo.run_dir import LATEST_FILE, checkpoint_dir, merge_tracking, rewind_to_logged_checkpoint, tracking_path
+from recipe.dapo.run_dir import (
+    LATEST_FILE,
+    checkpoint_dir,
+    merge_tracking,
+    prune_checkpoints,
+    rewind_to_logged_checkpoint,
+    tracking_path,
+)
 
 
 def launch(run: Path, start: int, steps: range, saved: range, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -47,3 +54,17 @@ def test_without_an_earlier_logged_checkpoint_the_latest_is_kept_with_a_warning(
     with pytest.warns(UserWarning, match="step 4 was saved but its metrics were never logged"):
         assert rewind_to_logged_checkpoint(tmp_path) == 4
     assert (tmp_path / LATEST_FILE).read_text() == "4"
+
+
+def test_only_the_newest_checkpoints_are_kept_and_never_the_one_resumed_from(tmp_path):
+    for step in (4, 8, 12, 16):
+        checkpoint_dir(tmp_path, step).mkdir()
+    (tmp_path / LATEST_FILE).write_text("8")  # rewound to a logged step: the pointer names an older checkpoint
+    prune_checkpoints(tmp_path, None)
+    assert sorted(p.name for p in tmp_path.glob("global_step_*")) == [f"global_step_{s}" for s in (12, 16, 4, 8)]
+    prune_checkpoints(tmp_path, 2)
+    assert sorted(p.name for p in tmp_path.glob("global_step_*")) == [
+        "global_step_12",
+        "global_step_16",
+        "global_step_8",
+    ]
