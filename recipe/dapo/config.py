@@ -366,7 +366,9 @@ def check_overrides(cfg: DictConfig, overrides: list[str], defaults: DictConfig,
             continue
         if "${" in str(override.value()):  # an interpolation (``${oc.env:X}`` is a string until decoded): unchecked
             continue
-        default = OmegaConf.select(defaults, key, default=None)
+        # a default that does not resolve without the command line's values (a run name interpolating a key only
+        # some spec groups have) has no type to check against
+        default = OmegaConf.select(defaults, key, default=None, throw_on_resolution_failure=False)
         value = OmegaConf.select(cfg, key, default=None)
         expected = type(default)
         if expected in SCALAR_TYPES and value is not None and not _fits(value, expected):

@@ -309,6 +309,22 @@ def test_every_experiment_composes_and_validates(experiment, tmp_path):
         assert set(cfg.spec.mtp) == set(config("spec=mtp").spec.mtp), experiment
 
 
+@pytest.mark.parametrize("experiment", sorted(p.stem for p in (Path(CONFIGS) / "experiment").glob("*.yaml")))
+def test_every_experiment_resolves_with_every_spec_method(experiment):
+    """An A/B runs an experiment with each ``spec=``: every value must resolve whatever group the method brings
+    (an experiment's run name that interpolated ``spec.mtp.*`` failed for the methods without a head), and the
+    start-up check of the overrides must pass."""
+    from omegaconf import OmegaConf
+
+    from recipe.dapo.config import SPEC_METHODS, check_overrides
+
+    for method in SPEC_METHODS:
+        overrides = [f"+experiment={experiment}", f"spec={method}"]
+        cfg = config(*overrides)
+        OmegaConf.to_container(cfg, resolve=True)
+        assert check_overrides(cfg, overrides, cfg, {"spec", "experiment"}) == []
+
+
 @pytest.mark.parametrize(
     ("override", "message"),
     [
