@@ -11,6 +11,7 @@ from pathlib import Path
 
 LATEST_FILE = "latest_checkpointed_iteration.txt"  # veRL's resume pointer: the step of the last checkpoint
 TRACKING_PREFIX = "tracking_from_step_"  # veRL's file logger, one file per launch, named by the step it resumed at
+CHECKPOINT_PREFIX = "global_step_"  # veRL's checkpoint folders: global_step_<N>
 METRICS_FILE = "metrics.jsonl"  # the run's history: one row per step, merged from the launches' tracking files
 
 
@@ -29,7 +30,7 @@ def set_latest_step(run_dir: Path, step: int) -> None:
 
 def checkpoint_dir(run_dir: Path, step: int) -> Path:
     """Where the checkpoint of ``step`` lives (veRL's name)."""
-    return run_dir / f"global_step_{step}"
+    return run_dir / f"{CHECKPOINT_PREFIX}{step}"
 
 
 def prune_checkpoints(run_dir: Path, keep: int | None) -> None:
@@ -38,9 +39,8 @@ def prune_checkpoints(run_dir: Path, keep: int | None) -> None:
     if keep is None or keep <= 0:
         return
     latest = latest_step(run_dir)
-    steps = sorted(
-        int(p.name.removeprefix("global_step_")) for p in run_dir.glob("global_step_*") if p.name[12:].isdigit()
-    )
+    names = (p.name.removeprefix(CHECKPOINT_PREFIX) for p in run_dir.glob(f"{CHECKPOINT_PREFIX}*"))
+    steps = sorted(int(n) for n in names if n.isdigit())
     for step in steps[:-keep]:
         if step != latest:
             shutil.rmtree(checkpoint_dir(run_dir, step))
