@@ -110,6 +110,21 @@ def chunk_ends(steps: int, chunk_steps: int) -> list[int]:
     return [*range(chunk_steps, steps, chunk_steps), steps]
 
 
+def turn_warnings(steps: int, chunk_steps: int, test_freq: int, save_freq: int) -> list[str]:
+    """What turns of ``chunk_steps`` add to an uninterrupted run: the trainer evaluates and checkpoints at its last
+    step, so a turn that ends between ``trainer.test_freq`` (``save_freq``) steps adds an evaluation (a checkpoint)."""
+    ends = chunk_ends(steps, chunk_steps)[:-1]
+    out = []
+    for key, freq, work in (("test_freq", test_freq, "evaluation"), ("save_freq", save_freq, "checkpoint")):
+        extra = [end for end in ends if freq <= 0 or end % freq]
+        if extra:
+            out.append(
+                f"[ab] warning: --chunk-steps {chunk_steps} is not a multiple of trainer.{key}={freq}: every mode "
+                f"does an extra {work} at step(s) {extra} (slower, and its time is in those steps' step time)"
+            )
+    return out
+
+
 def run_modes(
     name: str, modes: list[str], overrides: list[str], runs_root: Path, chunk_steps: int, seeds: list[int] | None = None
 ) -> None:
@@ -125,6 +140,8 @@ def run_modes(
             "turns would change a cosine schedule: run backend=verl A/Bs with --chunk-steps 0 or "
             "actor_rollout_ref.actor.optim.lr_scheduler_type=constant"
         )
+    for warning in turn_warnings(steps, chunk_steps, int(cfg.trainer.test_freq), int(cfg.trainer.save_freq)):
+        print(warning, file=sys.stderr, flush=True)
     overrides = [o for o in overrides if not o.startswith("trainer.total_training_steps=")]
     if seeds is not None:
         overrides = [o for o in overrides if not o.startswith("data.seed=")]

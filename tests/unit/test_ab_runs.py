@@ -8,13 +8,21 @@ from pathlib import Path
 
 import pytest
 
-from recipe.ab.runner import base_mode, modes_on_disk, run_dir_of, seeds_on_disk
+from recipe.ab.runner import base_mode, modes_on_disk, run_dir_of, seeds_on_disk, turn_warnings
 from recipe.ab.stats import across_seeds
 
 
 def test_a_further_run_of_a_mode_names_that_mode_and_anything_else_is_unknown() -> None:
     assert base_mode("sam") == "sam" and base_mode("sam_every-2") == "sam_every" and base_mode("off-3") == "off"
     assert base_mode("sam-1") is None and base_mode("sam-x") is None and base_mode("bogus-2") is None
+
+
+def test_turns_between_evaluations_or_checkpoints_are_named_and_turns_on_them_are_not() -> None:
+    assert turn_warnings(16, 8, test_freq=8, save_freq=4) == []
+    assert turn_warnings(16, 0, test_freq=32, save_freq=32) == []  # one turn: the end is the run's own
+    evaluation, checkpoint = turn_warnings(16, 4, test_freq=8, save_freq=0)
+    assert "trainer.test_freq=8" in evaluation and "[4, 12]" in evaluation
+    assert "trainer.save_freq=0" in checkpoint and "[4, 8, 12]" in checkpoint
 
 
 def test_runs_on_disk_come_in_the_modes_order_with_each_modes_further_runs_after_it(tmp_path: Path) -> None:
