@@ -14,7 +14,12 @@ from omegaconf import OmegaConf
 from recipe.ab.runner import HEAD_MODES, base_mode, modes_on_disk, seed_dir, seeds_on_disk
 from recipe.ab.stats import ALPHA, QUARTER_METRICS, across_seeds, series, tables
 from recipe.dapo.run_dir import read_history
-from recipe.dapo.timeline import RolloutTimeline, saved_timelines, speed_by_active_requests_vs_off
+from recipe.dapo.timeline import (
+    RolloutTimeline,
+    equal_work_vs_off,
+    saved_timelines,
+    speed_by_active_requests_vs_off,
+)
 from recipe.provenance import commit, machine
 
 
@@ -93,6 +98,8 @@ def markdown(
     lines += ["", "## (b) Time per step (the Ascend SAM article's layout)", "", md(t["ascend"], ASCEND_COLUMNS)]
     if t.get("by_active"):
         cells: dict[str, dict[str, str]] = {}
+        for r in t["decode_vs_off"]:
+            cells[r["mode"]] = {"mode": r["mode"], "at off's mix": f"{cell(r['vs_off'], '.2f')}x"}
         for r in t["by_active"]:
             vs_off = r["request_tok_s_vs_off"]
             ratio = cell(vs_off, ".2f") + ("x" if vs_off == vs_off else "")
@@ -103,10 +110,12 @@ def markdown(
             "",
             "## (c) Speed at equal batch size",
             "",
-            "Engine steps of all rollouts pooled by how many requests were active: tokens/s per active request "
-            "over spec off's in the same band (tokens per request-step; share of the mode's rollout time). The "
-            "long tail above compares tails that hold different numbers of requests when a drafter changes which "
-            "requests are left at the end; here every band compares equal batch sizes.",
+            "Decode steps (those that prefilled no request) of all rollouts pooled by how many requests were "
+            "active: tokens/s per active request over spec off's in the same band (tokens per request-step; share "
+            "of the mode's decode time), and over all bands at spec off's mix of them (equal work). The long tail "
+            "and the rollout tokens/s above compare different work: a drafter changes which requests are left at "
+            "the end, and the modes' different samples change how long responses run and so the share of a round "
+            "that prefills its prompts (the same work in every mode); here every band compares equal batch sizes.",
             "",
             md(list(cells.values())),
         ]
@@ -153,12 +162,14 @@ SEED_COLUMNS = {
     "accept_len": ("tokens per request-step", ".2f"),
     "reward": ("mean reward (all generated)", ".3f"),
     "wall_clock_s": ("training time to the common step (s)", ".0f"),
+    "decode_vs_off": ("decode speed vs off at equal work", ".2f"),
 }
 SEED_SUMMARY_COLUMNS = {
     "mode": ("mode", ""),
     "seeds": ("seeds", ""),
     "rollout_tok_s_vs_off": ("rollout tok/s vs off, same seed", ".2f"),
     "tail_tok_s_vs_off": ("long tail vs off", ".2f"),
+    "decode_vs_off": ("decode speed vs off at equal work", ".2f"),
     "speedup_to_step": ("wall-clock to the common step, off's / the mode's", ".2f"),
     "reward_minus_off": ("mean reward - off's", "+.3f"),
     "reward_seed_spread": ("seed spread of the mean reward", ".3f"),
@@ -173,9 +184,10 @@ def seeds_markdown(per_seed: list[dict], summary: list[dict]) -> list[str]:
         "## Across seeds",
         "",
         f"Every run of every seed (means over its steps; training time summed to step {per_seed[0]['to_step']}, the "
-        "last step every run reached), then each mode against spec off: speed ratios over the seeds both ran (geometric "
-        "mean), and its mean reward over its seeds against spec off's, which must differ by no more than the larger "
-        "of the two modes' ranges of per-seed means (the modes sample one distribution). The curves: `seeds.png`.",
+        "last step every run reached; decode speed at equal work as in (c)), then each mode against spec off: speed "
+        "ratios over the seeds both ran (geometric mean), and its mean reward over its seeds against spec off's, "
+        "which must differ by no more than the larger of the two modes' ranges of per-seed means (the modes sample "
+        "one distribution). The curves: `seeds.png`.",
         "",
         md(per_seed, SEED_COLUMNS),
     ]
@@ -382,6 +394,15 @@ def histories(runs_dir: Path) -> dict[str, list[dict]]:
     return {m: h for m in modes_on_disk(runs_dir) if (h := read_history(runs_dir / m))}
 
 
+def decode_by_active(runs_dir: Path, runs: dict[str, list[dict]]) -> list[dict]:
+    """Each run's decode steps pooled by active requests, against spec off's in the same band
+    (:func:`speed_by_active_requests_vs_off`)."""
+    by_step = {m: load_timelines(runs_dir / m) for m in runs}
+    return speed_by_active_requests_vs_off(
+        {m: [tl for step in sorted(tls) for tl in tls[step]] for m, tls in by_step.items()}, decode_only=True
+    )
+
+
 def report(name: str, runs_root: Path, out: Path, command: str, val_n: int | None) -> Path:
     """The A/B's tables and plots in ``out``; of a multi-seed A/B, the first seed's, and every seed's side by side."""
     seeds = seeds_on_disk(runs_root / name)
@@ -399,12 +420,12 @@ def report(name: str, runs_root: Path, out: Path, command: str, val_n: int | Non
         val_n = int(cfg.data.val_max_samples)
     out.mkdir(parents=True, exist_ok=True)
     t = tables(runs, val_n)
-    by_step = {m: load_timelines(runs_dir / m) for m in runs}
-    t["by_active"] = speed_by_active_requests_vs_off(
-        {m: [tl for step in sorted(tls) for tl in tls[step]] for m, tls in by_step.items()}
-    )
+    by_active = {s: decode_by_active(seed_dir(runs_root / name, s), r) for s, r in by_seed.items()}
+    t["by_active"] = by_active[seeds[0] if seeds else None]
+    decode_vs_off = {s: equal_work_vs_off(bands) for s, bands in by_active.items()}
+    t["decode_vs_off"] = [{"mode": m, "vs_off": v} for m, v in decode_vs_off[seeds[0] if seeds else None].items()]
     if seeds:
-        t["seeds"], t["seeds_vs_off"] = across_seeds(by_seed)
+        t["seeds"], t["seeds_vs_off"] = across_seeds(by_seed, decode_vs_off)
         seeds_plot(by_seed, out / "seeds.png")
     for key, rows in t.items():
         if rows:

@@ -168,11 +168,15 @@ def wall_clock(h: list[dict], step: int) -> float:
     return float(seconds[(steps > 0) & (steps <= step)].sum()) if len(seconds) else math.nan
 
 
-def across_seeds(runs: dict[int, dict[str, list[dict]]]) -> tuple[list[dict], list[dict]]:
+def across_seeds(
+    runs: dict[int, dict[str, list[dict]]], decode_vs_off: dict[int, dict[str, float]] | None = None
+) -> tuple[list[dict], list[dict]]:
     """A multi-seed A/B (seed -> mode -> history): a row per mode and seed (means over steps, the wall-clock to the
     last step every run reached), and a row per mode against spec off. The modes sample one distribution, so a mode's
     mean reward over its seeds must lie within the seed spread of spec off's: the larger of the two modes' ranges of
-    per-seed means (one seed alone has none: no verdict)."""
+    per-seed means (one seed alone has none: no verdict). ``decode_vs_off`` (seed -> mode -> ratio): each run's
+    decode speed at equal work over its seed's spec off (the report's, from the timelines)."""
+    decode_vs_off = decode_vs_off or {}
     common = min(
         int(series(h, "timing_s/step")[0].max(initial=0)) for by_mode in runs.values() for h in by_mode.values()
     )
@@ -186,6 +190,7 @@ def across_seeds(runs: dict[int, dict[str, list[dict]]]) -> tuple[list[dict], li
             "reward": mean_of(h, "train/gen_score_mean"),
             "wall_clock_s": wall_clock(h, common),
             "to_step": common,
+            "decode_vs_off": decode_vs_off.get(seed, {}).get(mode, math.nan),
         }
         for seed, by_mode in sorted(runs.items())
         for mode, h in by_mode.items()
@@ -211,6 +216,7 @@ def across_seeds(runs: dict[int, dict[str, list[dict]]]) -> tuple[list[dict], li
                     f"{key}_vs_off": ratio_interval([r[key] / o[key] for r, o in paired])[0]
                     for key in ("rollout_tok_s", "tail_tok_s")
                 },
+                "decode_vs_off": ratio_interval([r["decode_vs_off"] for r, _ in paired])[0],
                 "speedup_to_step": ratio_interval([o["wall_clock_s"] / r["wall_clock_s"] for r, o in paired])[0],
                 "reward_minus_off": difference,
                 "reward_seed_spread": float(spread),

@@ -48,7 +48,8 @@ def test_a_mode_agrees_with_spec_off_within_the_seed_spread_and_not_beyond_it() 
         0: {"off": history(0.10, 100, 2.0), "sam": history(0.12, 150, 1.0), "hybrid": history(0.30, 160, 1.0)},
         1: {"off": history(0.14, 110, 2.2, steps=3), "sam": history(0.13, 160, 1.1)},
     }
-    per_seed, summary = across_seeds(runs)
+    decode = {0: {"off": 1.0, "sam": 1.2, "hybrid": 1.1}, 1: {"off": 1.0, "sam": 1.3}}  # from the timelines
+    per_seed, summary = across_seeds(runs, decode)
     assert {(r["mode"], r["seed"]) for r in per_seed} == {(m, 0) for m in runs[0]} | {(m, 1) for m in runs[1]}
     assert all(r["to_step"] == 3 for r in per_seed)  # the last step every run reached
     assert next(r for r in per_seed if r["mode"] == "off" and r["seed"] == 0)["wall_clock_s"] == pytest.approx(6.0)
@@ -57,6 +58,7 @@ def test_a_mode_agrees_with_spec_off_within_the_seed_spread_and_not_beyond_it() 
     assert by_mode["sam"]["rollout_tok_s_vs_off"] == pytest.approx((1.5 * 160 / 110) ** 0.5)
     assert by_mode["sam"]["reward_seed_spread"] == pytest.approx(0.04) and by_mode["sam"]["agrees"] == "yes"
     assert by_mode["sam"]["speedup_to_step"] == pytest.approx(2.0)  # 6 s against 3 s, 6.6 s against 3.3 s
+    assert by_mode["sam"]["decode_vs_off"] == pytest.approx((1.2 * 1.3) ** 0.5)
     # hybrid: one seed, 0.18 above off's mean: beyond off's spread
     assert by_mode["hybrid"]["seeds"] == 1 and by_mode["hybrid"]["agrees"] == "NO"
     json.dumps(summary)  # the report writes it as it is
