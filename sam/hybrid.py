@@ -91,6 +91,13 @@ class HeadAcceptance:
         self.drafts = HEAD_MEMORY * self.drafts + 1
         self.accepted = HEAD_MEMORY * self.accepted + int(accepted)
 
+    def state_dict(self) -> dict:
+        """The engine-wide counts, for a checkpoint (a resumed run's request ids are new: per-request counts go)."""
+        return {"drafts": self.drafts, "accepted": self.accepted}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.drafts, self.accepted = float(state["drafts"]), float(state["accepted"])
+
     def forget(self, live: set[str]) -> None:
         """Drop the counts of requests that left (called now and then: a rollout's ids are not reused)."""
         self.by_request = {rid: c for rid, c in self.by_request.items() if rid in live}
@@ -223,10 +230,23 @@ class HybridProposer(EagleProposer):
         return self.sam.busy
 
     def state_dict(self) -> dict:
-        return self.sam.state_dict()
+        """SAM's cross-rollout memory and what the hybrid learned of its head (its acceptance, its seconds per row),
+        so that a resumed run weighs the head as an uninterrupted one does."""
+        head = {
+            "acceptance": self.head.state_dict(),
+            "seconds": self._head_seconds.tolist(),
+            "runs": self._head_runs.tolist(),
+        }
+        return {**self.sam.state_dict(), "head": head}
 
     def load_state_dict(self, state: dict) -> None:
+        state = dict(state)
+        head = state.pop("head", None)  # older checkpoints have none: the head is learned again
         self.sam.load_state_dict(state)
+        if head is not None:
+            self.head.load_state_dict(head["acceptance"])
+            self._head_seconds = np.asarray(head["seconds"], dtype=float)
+            self._head_runs = np.asarray(head["runs"], dtype=float)
 
     def load_model(self, *args, **kwargs) -> None:
         super().load_model(*args, **kwargs)

@@ -285,17 +285,16 @@ def _draft_counts_on_worker(worker) -> dict[str, list[int]] | None:
 
 def _drafter_state_on_worker(worker, blob: bytes | None = None) -> bytes | None:
     """Runs in a vLLM worker: get (``blob=None``) or set the drafter's cross-rollout memory, as one pickled blob
-    (vLLM's RPC turns nested bytes into memoryviews it cannot forward to workers): SAM's per-prompt history, or
-    the responses in suffix's global tree (recorded by :func:`_record_suffix_tree_on_worker`). None for other
-    drafters."""
+    (vLLM's RPC turns nested bytes into memoryviews it cannot forward to workers): SAM's per-prompt history (and
+    what spec=hybrid learned of its head), or the responses in suffix's global tree (recorded by
+    :func:`_record_suffix_tree_on_worker`). None for other drafters."""
     from sam.vllm import SAMProposer
 
     drafter = getattr(worker.model_runner, "drafter", None)
-    sam = getattr(drafter, "sam", drafter)  # spec=hybrid: the MTP drafter's SAM (sam/hybrid.py)
-    if isinstance(sam, SAMProposer):
+    if isinstance(getattr(drafter, "sam", drafter), SAMProposer):  # SAM, or spec=hybrid's MTP drafter with its SAM
         if blob is None:
-            return pickle.dumps(sam.state_dict())
-        sam.load_state_dict(pickle.loads(blob))
+            return pickle.dumps(drafter.state_dict())
+        drafter.load_state_dict(pickle.loads(blob))
         return None
     cache = getattr(drafter, "suffix_cache", None)
     if type(cache).__name__ == "RecordedSuffixCache":  # not imported here: Arctic Inference is optional

@@ -1,8 +1,10 @@
 """The acceptance canary on a real vLLM engine (local backend): a weight sync that leaves the MTP head broken (the
 failure vLLM/veRL users report: the head's weights not updated by the sync) trips it, a correct sync does not. The
-veRL backend's servers feed the same check from their timelines (test_verl_trainer.py)."""
+veRL backend's servers feed the same check from their timelines (test_verl_trainer.py). The hybrid's engine also
+checks its checkpoint: what it learned of its head survives a resume."""
 
 import logging
+import pickle
 
 import pytest
 import torch
@@ -30,32 +32,66 @@ HYBRID_VLLM = pytest.mark.skipif(
 )
 
 
+SAMPLING = {"temperature": 1.0, "top_p": 1.0, "max_tokens": 96}
+
+
+@pytest.fixture(scope="module")
+def engines(harness_model):
+    """One engine per method, shared by this module's tests and closed at its end."""
+    made: dict[str, RolloutEngine] = {}
+
+    def engine(method: str) -> RolloutEngine:
+        if method not in made:
+            made[method] = engine_for(str(harness_model), method)
+        return made[method]
+
+    yield engine
+    for engine_of_method in made.values():
+        engine_of_method.close()
+
+
+@HYBRID_VLLM
+def test_the_hybrids_checkpoint_keeps_what_it_learned_of_its_head(harness_model, engines):
+    engine = engines("hybrid")
+    prompts = [prompt_ids(str(harness_model), m) for m in GREEDY_PROMPTS]
+
+    def learned(blob: bytes) -> dict:
+        return pickle.loads(pickle.loads(blob)["state"])["head"]
+
+    engine.generate(prompts, 4, SAMPLING)
+    saved = engine.drafter_state()
+    head = learned(saved)
+    assert head["acceptance"]["drafts"] > 0 and head["runs"][1] > 0  # the head drafted and its sampling was timed
+    engine.generate(prompts, 4, SAMPLING)
+    assert learned(engine.drafter_state()) != head
+    engine.load_drafter_state(saved)  # a resumed run's engine
+    assert learned(engine.drafter_state()) == head
+
+
 @pytest.mark.parametrize("method", ["mtp", pytest.param("hybrid", marks=HYBRID_VLLM)])
-def test_a_sync_that_breaks_the_head_trips_the_canary_and_a_correct_one_does_not(harness_model, method, caplog):
+def test_a_sync_that_breaks_the_head_trips_the_canary_and_a_correct_one_does_not(
+    harness_model, engines, method, caplog
+):
     from mtp.checkpoint import load_checkpoint
 
     model = str(harness_model)
-    engine = engine_for(model, method)
+    engine = engines(method)
     prompts = [prompt_ids(model, m) for m in GREEDY_PROMPTS]
-    sampling = {"temperature": 1.0, "top_p": 1.0, "max_tokens": 96}
     weights = load_checkpoint(model, dtype=torch.float32).state_dict()
     canary = AcceptanceCanary()
 
     def rollout_after(step: int, state: dict) -> dict[str, float]:
         engine.sync_weights(state)
         before = engine.draft_counts()
-        engine.generate(prompts, 4, sampling)
+        engine.generate(prompts, 4, SAMPLING)
         return canary.check(step, counts_since(before, engine.draft_counts()))
 
-    try:
-        rollout_after(1, weights)
-        assert rollout_after(2, weights)["rollout/canary_mtp_fell"] == 0.0  # the same head synced again
-        torch.manual_seed(0)
-        broken = {k: torch.randn_like(v) * v.std() if "mtp_layers" in k else v for k, v in weights.items()}
-        with caplog.at_level(logging.WARNING, logger="recipe.dapo.canary"):
-            metrics = rollout_after(3, broken)
-    finally:
-        engine.close()
+    rollout_after(1, weights)
+    assert rollout_after(2, weights)["rollout/canary_mtp_fell"] == 0.0  # the same head synced again
+    torch.manual_seed(0)
+    broken = {k: torch.randn_like(v) * v.std() if "mtp_layers" in k else v for k, v in weights.items()}
+    with caplog.at_level(logging.WARNING, logger="recipe.dapo.canary"):
+        metrics = rollout_after(3, broken)
     assert metrics["rollout/canary_mtp_fell"] == 1.0, metrics
     assert metrics["rollout/canary_mtp_acceptance"] < 0.5 * metrics["rollout/canary_mtp_level_before"]
     assert any("step 3, mtp drafts accepted" in r.getMessage() for r in caplog.records)

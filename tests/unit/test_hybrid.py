@@ -76,6 +76,16 @@ def test_head_acceptance_is_learned_per_request_and_shrunk_towards_the_engines()
     assert head.chances(["a"])[0] == pytest.approx(new)
 
 
+def test_a_checkpoint_keeps_the_engine_wide_head_acceptance_not_the_prior() -> None:
+    head = HeadAcceptance(0.9)
+    for _ in range(50):
+        head.observe("a", False)
+    resumed = HeadAcceptance(0.9)
+    resumed.load_state_dict(head.state_dict())
+    assert resumed.engine_wide == head.engine_wide < 0.2  # the prior's 0.9 would draft where the head fails
+    assert resumed.chances(["new"]).tolist() == head.chances(["new"]).tolist()
+
+
 def test_draft_probabilities_are_the_heads_for_its_rows_and_point_masses_for_sams() -> None:
     head_probs = torch.softmax(torch.randn(3, 1, 10), dim=-1)
     probs = RowDraftProbs(head_probs, {1: [7, 2, 5]})
