@@ -14,8 +14,9 @@ shared machine fall on every mode alike instead of on whichever mode ran during 
 - (a) slime's layout: rollout tokens/s, long-tail tokens/s, longest-sample tokens/s, training time per step;
 - (b) the Ascend SAM article's layout: average inference time per generation round, total rollout time per
   step, total time per step, and the gain over spec off;
-- (c) speed at equal batch size: engine steps pooled by active requests, tokens/s per active request against
-  spec off's in the same band (the long-tail figure compares tails of different sizes);
+- (c) speed at equal batch size: decode steps pooled by active requests, tokens/s per active request against
+  spec off's in the same band, and over all bands at spec off's mix (equal work: the modes' samples differ, and the
+  long-tail figure compares tails of different sizes);
 - lossless in training: each mode's per-step reward and response length against spec off (two-sided
   permutation test of the difference in means over steps, alpha 0.01), and the final greedy held-out accuracy
   of every data source (Fisher's exact test on the problems solved);

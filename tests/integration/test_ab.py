@@ -64,6 +64,15 @@ def test_two_mode_ab_runs_and_writes_tables_and_plots(harness_model, tmp_path):
     shared = [b for b in sam.index if off_band[b] > 0]  # bands both modes spent time in
     assert shared  # each band of a mode against spec off's band of the same batch size
     assert np.allclose(sam.loc[shared, "request_tok_s_vs_off"], sam.loc[shared, "request_tok_s"] / off_band[shared])
+    # the whole rollout's decode speed at spec off's mix of batch sizes: off's time in each band at sam's speed there
+    decode = {r["mode"]: r["vs_off"] for r in json.loads((out / "tables.json").read_text())["decode_vs_off"]}
+    off_share = by_active[by_active["mode"] == "off"].set_index("active")["time_share"]
+    spent = off_share[off_share > 0]
+    assert decode["off"] == pytest.approx(1.0) and spent.sum() == pytest.approx(1.0)
+    if set(spent.index) <= set(shared):
+        assert decode["sam"] == pytest.approx(1 / sum(spent / sam.loc[spent.index, "request_tok_s_vs_off"]))
+    else:  # sam has no decode step in a band spec off spends time in: no equal-work figure
+        assert math.isnan(decode["sam"])
     # the tables are the runs' logged metrics: each column is the mean over steps of the key the recipe logs
     slime = {r["mode"]: r for r in json.loads((out / "tables.json").read_text())["slime"]}
     for mode in ("off", "sam"):
