@@ -407,7 +407,8 @@ def report(name: str, runs_root: Path, out: Path, command: str, val_n: int | Non
     """The A/B's tables and plots in ``out``; of a multi-seed A/B, the first seed's, and every seed's side by side."""
     seeds = seeds_on_disk(runs_root / name)
     by_seed = {s: histories(seed_dir(runs_root / name, s)) for s in seeds or [None]}
-    runs_dir, runs = seed_dir(runs_root / name, seeds[0] if seeds else None), next(iter(by_seed.values()))
+    first = seeds[0] if seeds else None  # the seed whose runs the tables show
+    runs_dir, runs = seed_dir(runs_root / name, first), next(iter(by_seed.values()))
     if not runs:
         raise SystemExit(f"[ab] no finished runs under {runs_dir}")
     cfg = run_config(runs_dir / next(iter(runs)))
@@ -421,9 +422,9 @@ def report(name: str, runs_root: Path, out: Path, command: str, val_n: int | Non
     out.mkdir(parents=True, exist_ok=True)
     t = tables(runs, val_n)
     by_active = {s: decode_by_active(seed_dir(runs_root / name, s), r) for s, r in by_seed.items()}
-    t["by_active"] = by_active[seeds[0] if seeds else None]
+    t["by_active"] = by_active[first]
     decode_vs_off = {s: equal_work_vs_off(bands) for s, bands in by_active.items()}
-    t["decode_vs_off"] = [{"mode": m, "vs_off": v} for m, v in decode_vs_off[seeds[0] if seeds else None].items()]
+    t["decode_vs_off"] = [{"mode": m, "vs_off": v} for m, v in decode_vs_off[first].items()]
     if seeds:
         t["seeds"], t["seeds_vs_off"] = across_seeds(by_seed, decode_vs_off)
         seeds_plot(by_seed, out / "seeds.png")
@@ -432,6 +433,6 @@ def report(name: str, runs_root: Path, out: Path, command: str, val_n: int | Non
             pd.DataFrame(rows).to_csv(out / f"{key}.csv", index=False)
     (out / "tables.json").write_text(json.dumps(t, indent=2))
     plots(runs, runs_dir, out)
-    (out / "README.md").write_text(markdown(t, runs, command, tail_threshold, seeds[0] if seeds else None))
+    (out / "README.md").write_text(markdown(t, runs, command, tail_threshold, first))
     print((out / "README.md").read_text())
     return out
