@@ -148,7 +148,7 @@ def markdown(
                 for r in t["quarters"]]  # fmt: skip
         lines += ["", "## By quarter of the run", "", "Means over each quarter of the training steps.", "", md(rows)]
     if t.get("seeds"):
-        lines += seeds_markdown(t["seeds"], t["seeds_vs_off"])
+        lines += seeds_markdown(t["seeds"], t["seeds_vs_off"], t.get("off_vs_off", []))
     lines += ["", "![acceptance](acceptance.png)", "", "![throughput](throughput.png)", ""]
     lines += ["![reward and length](reward_length.png)", "", "![drift](drift.png)", "", "![timeline](timeline.png)", ""]
     return "\n".join(lines)
@@ -177,8 +177,9 @@ SEED_SUMMARY_COLUMNS = {
 }
 
 
-def seeds_markdown(per_seed: list[dict], summary: list[dict]) -> list[str]:
-    """The across-seeds section: every mode's runs side by side, then each mode against spec off's runs."""
+def seeds_markdown(per_seed: list[dict], summary: list[dict], off_vs_off: list[dict]) -> list[str]:
+    """The across-seeds section: every mode's runs side by side, each mode against spec off's runs, and spec off's
+    runs against each other (the A/A control of the decode speed at equal work)."""
     lines = [
         "",
         "## Across seeds",
@@ -193,6 +194,10 @@ def seeds_markdown(per_seed: list[dict], summary: list[dict]) -> list[str]:
     ]
     if summary:
         lines += ["", md(summary, SEED_SUMMARY_COLUMNS)]
+    for r in off_vs_off:
+        lines += ["", f"A/A control: spec off at seed {r['seed']} against spec off at seed {r['against_seed']} (the same "
+                  f"code on other samples), decode speed at equal work: **{cell(r['vs_off'], '.2f')}x**. A mode's "
+                  "decode ratio no further from 1.00 than this is inside the spread of the machine and the samples."]  # fmt: skip
     return lines + ["", "![every seed](seeds.png)"]
 
 
@@ -394,13 +399,25 @@ def histories(runs_dir: Path) -> dict[str, list[dict]]:
     return {m: h for m in modes_on_disk(runs_dir) if (h := read_history(runs_dir / m))}
 
 
-def decode_by_active(runs_dir: Path, runs: dict[str, list[dict]]) -> list[dict]:
-    """Each run's decode steps pooled by active requests, against spec off's in the same band
-    (:func:`speed_by_active_requests_vs_off`)."""
-    by_step = {m: load_timelines(runs_dir / m) for m in runs}
+def decode_by_active(run_dirs: dict[str, Path]) -> list[dict]:
+    """The decode steps of each run (name -> folder) pooled by active requests, against those of the run named
+    ``off`` in the same band (:func:`speed_by_active_requests_vs_off`)."""
+    by_step = {m: load_timelines(d) for m, d in run_dirs.items()}
     return speed_by_active_requests_vs_off(
         {m: [tl for step in sorted(tls) for tl in tls[step]] for m, tls in by_step.items()}, decode_only=True
     )
+
+
+def off_against_off(root: Path, seeds: list[int]) -> list[dict]:
+    """The A/B's A/A control: spec off of every later seed at equal work against spec off of the first seed that ran
+    it. Two runs of the same code on different samples: how far from 1.00 the machine's drift and the samples alone
+    move the decode speed at equal work."""
+    offs = [s for s in seeds if (seed_dir(root, s) / "off" / "timelines").is_dir()]
+    if len(offs) < 2:
+        return []
+    names = {s: "off" if s == offs[0] else f"seed {s}" for s in offs}
+    ratios = equal_work_vs_off(decode_by_active({names[s]: seed_dir(root, s) / "off" for s in offs}))
+    return [{"seed": s, "against_seed": offs[0], "vs_off": ratios[names[s]]} for s in offs[1:]]
 
 
 def report(name: str, runs_root: Path, out: Path, command: str, val_n: int | None) -> Path:
@@ -421,12 +438,13 @@ def report(name: str, runs_root: Path, out: Path, command: str, val_n: int | Non
         val_n = int(cfg.data.val_max_samples)
     out.mkdir(parents=True, exist_ok=True)
     t = tables(runs, val_n)
-    by_active = {s: decode_by_active(seed_dir(runs_root / name, s), r) for s, r in by_seed.items()}
+    by_active = {s: decode_by_active({m: seed_dir(runs_root / name, s) / m for m in r}) for s, r in by_seed.items()}
     t["by_active"] = by_active[first]
     decode_vs_off = {s: equal_work_vs_off(bands) for s, bands in by_active.items()}
     t["decode_vs_off"] = [{"mode": m, "vs_off": v} for m, v in decode_vs_off[first].items()]
     if seeds:
         t["seeds"], t["seeds_vs_off"] = across_seeds(by_seed, decode_vs_off)
+        t["off_vs_off"] = off_against_off(runs_root / name, seeds)
         seeds_plot(by_seed, out / "seeds.png")
     for key, rows in t.items():
         if rows:

@@ -37,6 +37,7 @@ def test_two_mode_ab_runs_and_writes_tables_and_plots(harness_model, tmp_path):
     assert turns == [("off", "1"), ("sam", "1"), ("off", "2"), ("sam", "2")]  # modes take turns, one step each
     second = [a if a != "off,sam" else "off" for a in args]
     second[second.index("--seeds") + 1] = "1"
+    second[second.index("--chunk-steps") + 1] = "2"  # one mode alone has no one to take turns with: one launch
     proc = subprocess.run(second, cwd=REPO, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     runs = tmp_path / "runs" / "t"
@@ -98,6 +99,13 @@ def test_two_mode_ab_runs_and_writes_tables_and_plots(harness_model, tmp_path):
     assert sam_vs_off["reward_seed_spread"] == pytest.approx(spread)
     assert sam_vs_off["agrees"] == (
         "-" if spread == 0 else "yes" if abs(sam_vs_off["reward_minus_off"]) <= spread else "NO"
+    )
+    # the A/A control: the two spec-off runs' decode speed at equal work, one against the other, printed in the README
+    (aa,) = json.loads((out / "tables.json").read_text())["off_vs_off"]
+    assert (aa["seed"], aa["against_seed"]) == (1, 0) and 0.2 < aa["vs_off"] < 5
+    assert (
+        f"against spec off at seed 0 (the same code on other samples), decode speed at equal work: **{aa['vs_off']:.2f}x**"
+        in readme
     )
     again = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and again.stdout.count("skipped") == 2  # finished modes are not rerun
