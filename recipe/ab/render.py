@@ -327,18 +327,20 @@ def timeline_plot(runs_dir: Path, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    shown = ""  # the rollout's file name, for the title
     for mode in ("off", "sam", "sam_own"):
         by_step = saved_timelines(runs_dir / mode / "timelines")
         files = by_step[max(by_step)][:1] if by_step else []  # the last step's first round (first server's)
         if not files:
             continue
+        shown = files[-1].stem
         steps = json.loads(files[-1].read_text())["steps"]
         t = np.array([s["start_s"] + s["duration_s"] for s in steps])
         active = np.array([s["active"] for s in steps])
         tok_s = np.array([s["tokens"] / max(s["duration_s"], 1e-9) for s in steps])
         axes[0].step(t, active, where="post", label=mode)
         axes[1].plot(t, np.convolve(tok_s, np.ones(5) / 5, mode="same"), label=mode, lw=1)
-    axes[0].set_title(f"active requests ({files[-1].stem if files else ''})", fontsize=10)
+    axes[0].set_title(f"active requests ({shown})", fontsize=10)
     axes[1].set_title("tokens/s (5-step mean)", fontsize=10)
     for ax in axes:
         ax.set_xlabel("seconds into the rollout")

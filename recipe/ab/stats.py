@@ -146,19 +146,32 @@ QUARTER_METRICS = (
 )
 
 
+# the run's own head against its starting head: equal where the run trains no head, and then left out
+OWN_HEAD_OF_START = {
+    "drift/mtp_accept_head": "drift/mtp_accept_start_head",
+    "drift/mtp_accept_sampled_head": "drift/mtp_accept_sampled_start_head",
+}
+
+
 def by_quarter(runs: dict[str, list[dict]]) -> list[dict]:
     """Each mode's metrics averaged over quarters of the training steps (steps (i-1)*S/4 < step <= i*S/4): how
-    throughput, acceptance and the MTP head move over the run, and which quarter a slow spell fell in."""
+    throughput, acceptance and the MTP head move over the run, and which quarter a slow spell fell in. A run whose
+    own head's figures equal its starting head's (it trains none) shows the starting head's only."""
     rows = []
     for mode, h in runs.items():
+        quarters: dict[str, np.ndarray] = {}
         for key, _, _ in QUARTER_METRICS:
             steps, values = series([r for r in h if r["step"] > 0], key)
             if not len(values):
                 continue
             edges = np.linspace(0, steps.max(), 5)
             quarter = [values[(steps > lo) & (steps <= hi)] for lo, hi in zip(edges[:-1], edges[1:], strict=True)]
-            rows.append({"mode": mode, "metric": key, **{f"q{i + 1}": float(q.mean()) if len(q) else math.nan
-                                                        for i, q in enumerate(quarter)}})  # fmt: skip
+            quarters[key] = np.array([q.mean() if len(q) else math.nan for q in quarter])
+        for own, start in OWN_HEAD_OF_START.items():
+            if own in quarters and start in quarters and np.array_equal(quarters[own], quarters[start], equal_nan=True):
+                del quarters[own]
+        rows += [{"mode": mode, "metric": key, **{f"q{i + 1}": float(v) for i, v in enumerate(q)}}
+                 for key, q in quarters.items()]  # fmt: skip
     return rows
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from recipe.ab.runner import base_mode, modes_on_disk, run_dir_of, seeds_on_disk, turn_warnings
-from recipe.ab.stats import across_seeds
+from recipe.ab.stats import across_seeds, by_quarter
 
 
 def test_a_further_run_of_a_mode_names_that_mode_and_anything_else_is_unknown() -> None:
@@ -62,3 +62,16 @@ def test_a_mode_agrees_with_spec_off_within_the_seed_spread_and_not_beyond_it() 
     # hybrid: one seed, 0.18 above off's mean: beyond off's spread
     assert by_mode["hybrid"]["seeds"] == 1 and by_mode["hybrid"]["agrees"] == "NO"
     json.dumps(summary)  # the report writes it as it is
+
+
+def test_a_run_that_trains_no_head_shows_its_starting_heads_figures_once() -> None:
+    def run(own_head_moves: float) -> list[dict]:
+        return [{"step": 0}] + [
+            {"step": s, "drift/mtp_accept_start_head": 0.30, "drift/mtp_accept_head": 0.30 + own_head_moves * s}
+            for s in range(1, 5)
+        ]
+
+    rows = by_quarter({"off": run(0.0), "mtp_online": run(0.01)})
+    shown = {(r["mode"], r["metric"]) for r in rows}
+    assert ("off", "drift/mtp_accept_start_head") in shown and ("off", "drift/mtp_accept_head") not in shown
+    assert {("mtp_online", "drift/mtp_accept_start_head"), ("mtp_online", "drift/mtp_accept_head")} <= shown
