@@ -17,6 +17,7 @@ from recipe.dapo.run_dir import read_history
 from recipe.dapo.timeline import (
     RolloutTimeline,
     equal_work_vs_off,
+    ratio,
     saved_timelines,
     speed_by_active_requests_vs_off,
 )
@@ -102,9 +103,9 @@ def markdown(
             cells[r["mode"]] = {"mode": r["mode"], "at off's mix": f"{cell(r['vs_off'], '.2f')}x"}
         for r in t["by_active"]:
             vs_off = r["request_tok_s_vs_off"]
-            ratio = cell(vs_off, ".2f") + ("x" if vs_off == vs_off else "")
+            speed = cell(vs_off, ".2f") + ("x" if vs_off == vs_off else "")
             cells.setdefault(r["mode"], {"mode": r["mode"]})[f"{r['active']} active"] = (
-                f"{ratio} ({r['tokens_per_request_step']:.2f}; {100 * r['time_share']:.0f}%)"
+                f"{speed} ({r['tokens_per_request_step']:.2f}; {100 * r['time_share']:.0f}%)"
             )
         lines += [
             "",
@@ -410,16 +411,22 @@ def decode_by_active(run_dirs: dict[str, Path]) -> list[dict]:
     )
 
 
-def off_against_off(root: Path, seeds: list[int]) -> list[dict]:
+def off_against_off(by_active: dict[int, list[dict]]) -> list[dict]:
     """The A/B's A/A control: spec off of every later seed at equal work against spec off of the first seed that ran
-    it. Two runs of the same code on different samples: how far from 1.00 the machine's drift and the samples alone
-    move the decode speed at equal work."""
-    offs = [s for s in seeds if (seed_dir(root, s) / "off" / "timelines").is_dir()]
+    it, from each seed's bands (:func:`decode_by_active`). Two runs of the same code on different samples: how far
+    from 1.00 the machine's drift and the samples alone move the decode speed at equal work."""
+    offs = {s: off for s, bands in by_active.items() if (off := [b for b in bands if b["mode"] == "off"])}
     if len(offs) < 2:
         return []
-    names = {s: "off" if s == offs[0] else f"seed {s}" for s in offs}
-    ratios = equal_work_vs_off(decode_by_active({names[s]: seed_dir(root, s) / "off" for s in offs}))
-    return [{"seed": s, "against_seed": offs[0], "vs_off": ratios[names[s]]} for s in offs[1:]]
+    first, *later = offs
+    rows = []
+    for s in later:
+        again = [
+            {**b, "mode": "again", "request_tok_s_vs_off": ratio(b["request_tok_s"], f["request_tok_s"])}
+            for b, f in zip(offs[s], offs[first], strict=True)
+        ]
+        rows.append({"seed": s, "against_seed": first, "vs_off": equal_work_vs_off(offs[first] + again)["again"]})
+    return rows
 
 
 def report(name: str, runs_root: Path, out: Path, command: str, val_n: int | None) -> Path:
@@ -446,7 +453,7 @@ def report(name: str, runs_root: Path, out: Path, command: str, val_n: int | Non
     t["decode_vs_off"] = [{"mode": m, "vs_off": v} for m, v in decode_vs_off[first].items()]
     if seeds:
         t["seeds"], t["seeds_vs_off"] = across_seeds(by_seed, decode_vs_off)
-        t["off_vs_off"] = off_against_off(runs_root / name, seeds)
+        t["off_vs_off"] = off_against_off(by_active)
         seeds_plot(by_seed, out / "seeds.png")
     for key, rows in t.items():
         if rows:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from recipe.ab.render import off_against_off
 from recipe.ab.runner import base_mode, modes_on_disk, run_dir_of, seeds_on_disk, turn_warnings
 from recipe.ab.stats import across_seeds, by_quarter
 
@@ -75,3 +76,19 @@ def test_a_run_that_trains_no_head_shows_its_starting_heads_figures_once() -> No
     shown = {(r["mode"], r["metric"]) for r in rows}
     assert ("off", "drift/mtp_accept_start_head") in shown and ("off", "drift/mtp_accept_head") not in shown
     assert {("mtp_online", "drift/mtp_accept_start_head"), ("mtp_online", "drift/mtp_accept_head")} <= shown
+
+
+def test_the_aa_control_weighs_a_later_seeds_spec_off_by_the_first_seeds_mix_of_batch_sizes() -> None:
+    def bands(mode: str, request_tok_s: list[float], shares: list[float]) -> list[dict]:
+        return [
+            {"mode": mode, "active": str(i), "request_tok_s": v, "time_share": s, "request_tok_s_vs_off": float("nan")}
+            for i, (v, s) in enumerate(zip(request_tok_s, shares, strict=True))
+        ]
+
+    first = bands("off", [10.0, 20.0], [0.5, 0.5])
+    # seed 1's spec off: twice as fast in the first band, as fast in the second; seed 2 ran no spec off
+    by_active = {0: first, 1: bands("off", [20.0, 20.0], [0.9, 0.1]), 2: bands("sam", [5.0, 5.0], [0.5, 0.5])}
+    (row,) = off_against_off(by_active)
+    # at seed 0's mix: half the time at 2x, half at 1x -> 1 / (0.5 / 2 + 0.5 / 1)
+    assert (row["seed"], row["against_seed"]) == (1, 0) and row["vs_off"] == pytest.approx(1 / 0.75)
+    assert off_against_off({0: first, 2: by_active[2]}) == []
