@@ -622,7 +622,8 @@ def read_rollouts(paths: list[Path]) -> dict[str, list[dict | None]]:
 
 def write_pooled(out: Path, paths: list[Path], tail_paths: list[Path] | None) -> None:
     """Pool runs (:func:`read_rollouts`) into ``out``: their rollouts (``rollouts.jsonl``; with ``tail_paths``,
-    ``rollouts_tail.jsonl`` too), the same-token pairs and rivals (``same_token_pairs.md``) and one row per mode
+    ``rollouts_tail.jsonl`` too), the same-token pairs, rivals and the hybrid's sources by band
+    (``same_token_pairs.md``) and one row per mode
     (``rollout_e2e.csv``, :func:`pooled_rows`)."""
     pools = {"rollouts.jsonl": read_rollouts(paths)}
     if tail_paths:
@@ -638,7 +639,9 @@ def write_pooled(out: Path, paths: list[Path], tail_paths: list[Path] | None) ->
                 if s is not None
             )
         sources = ", ".join(str(path) for path in (paths if file == "rollouts.jsonl" else tail_paths))
-        lines += [f"# Same-token pairs, pooled from {sources}", *same_token_pairs(runs), *rival_pairs(runs), ""]
+        drafted = {name: [s for s in summaries if s is not None] for name, summaries in runs.items()}
+        lines += [f"# Same-token pairs, pooled from {sources}", *same_token_pairs(runs), *rival_pairs(runs),
+                  *head_share_table(drafted), ""]  # fmt: skip
     (out / "same_token_pairs.md").write_text("\n".join(lines))
     rows = pooled_rows(pools["rollouts.jsonl"], pools.get("rollouts_tail.jsonl"))
     with open(out / "rollout_e2e.csv", "w", newline="") as fh:

@@ -218,3 +218,21 @@ def test_rival_pairs_compare_drafting_modes_repeat_by_repeat_at_spec_offs_batch_
 
 def _interval_text(ratios: list[float]) -> str:
     return f"{math.exp(np.mean(np.log(ratios))):.3f}x [{_bounds(ratios)}]"
+
+
+def test_pooled_runs_say_which_source_the_hybrid_drafted_from_in_each_band(tmp_path) -> None:
+    """``--pairs-from`` writes the hybrid's head share per band: the median over the rollouts that drafted there, '-'
+    where none did; modes without the key get no row."""
+    counts = {"tokens": 10, "rollout_time_s": 1.0, "accepted_tokens": 0, "draft_tokens": 0}
+    rollouts = [
+        {"repeat": 0, "mode": "off", **counts},
+        {"repeat": 0, "mode": "hybrid", **counts, "head_share_1_1": 1.0, "head_share_2_4": 0.2},
+        {"repeat": 1, "mode": "off", **counts},
+        {"repeat": 1, "mode": "hybrid", **counts, "head_share_1_1": math.nan, "head_share_2_4": 0.6},
+    ]
+    log = tmp_path / "rollouts.jsonl"
+    log.write_text("".join(json.dumps(r) + "\n" for r in rollouts))
+    bench_rollout.write_pooled(tmp_path / "out", [log], None)
+    text = (tmp_path / "out" / "same_token_pairs.md").read_text()
+    assert "| hybrid | 1.00 | 0.40 | - | - | - | - |" in text
+    assert "| off | " not in text.split("MTP head's share")[1]
