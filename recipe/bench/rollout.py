@@ -623,8 +623,7 @@ def read_rollouts(paths: list[Path]) -> dict[str, list[dict | None]]:
 def write_pooled(out: Path, paths: list[Path], tail_paths: list[Path] | None) -> None:
     """Pool runs (:func:`read_rollouts`) into ``out``: their rollouts (``rollouts.jsonl``; with ``tail_paths``,
     ``rollouts_tail.jsonl`` too), the same-token pairs, rivals and the hybrid's sources by band
-    (``same_token_pairs.md``) and one row per mode
-    (``rollout_e2e.csv``, :func:`pooled_rows`)."""
+    (``same_token_pairs.md``) and one row per mode (``rollout_e2e.csv``, :func:`pooled_rows`)."""
     pools = {"rollouts.jsonl": read_rollouts(paths)}
     if tail_paths:
         pools["rollouts_tail.jsonl"] = read_rollouts(tail_paths)
