@@ -16,8 +16,8 @@ from recipe.ab.stats import ALPHA, QUARTER_METRICS, across_seeds, series, tables
 from recipe.dapo.run_dir import read_history
 from recipe.dapo.timeline import (
     RolloutTimeline,
+    bands_vs_off,
     equal_work_vs_off,
-    ratio,
     saved_timelines,
     speed_by_active_requests_vs_off,
 )
@@ -419,14 +419,14 @@ def off_against_off(by_active: dict[int, list[dict]]) -> list[dict]:
     if len(offs) < 2:
         return []
     first, *later = offs
-    rows = []
-    for s in later:
-        again = [
-            {**b, "mode": "again", "request_tok_s_vs_off": ratio(b["request_tok_s"], f["request_tok_s"])}
-            for b, f in zip(offs[s], offs[first], strict=True)
-        ]
-        rows.append({"seed": s, "against_seed": first, "vs_off": equal_work_vs_off(offs[first] + again)["again"]})
-    return rows
+    return [
+        {
+            "seed": s,
+            "against_seed": first,
+            "vs_off": equal_work_vs_off(bands_vs_off({"off": offs[first], "again": offs[s]}))["again"],
+        }
+        for s in later
+    ]
 
 
 def report(name: str, runs_root: Path, out: Path, command: str, val_n: int | None) -> Path:

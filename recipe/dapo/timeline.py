@@ -178,13 +178,17 @@ def speed_by_active_requests_vs_off(
     Another ``reference`` mode takes spec off's place (a frozen head against an online one,
     ``python -m recipe.bench head-swap``); the keys keep their names. ``decode_only``: as in :func:`speed_by_active_requests`."""
     bands = {mode: speed_by_active_requests(tls, decode_only=decode_only) for mode, tls in timelines.items()}
+    return bands_vs_off(bands, reference)
+
+
+def bands_vs_off(bands: dict[str, list[dict]], reference: str = "off") -> list[dict[str, float | str]]:
+    """Each mode's bands (:func:`speed_by_active_requests`) as rows of :func:`speed_by_active_requests_vs_off`: the
+    mode named, and its tokens/s per active request over ``reference``'s in the same band. Rows of that function
+    given again are renamed and their ratio recomputed (the columns keep their order)."""
     off = bands.get(reference)
     return [
-        {
-            "mode": mode,
-            **band,
-            "request_tok_s_vs_off": ratio(band["request_tok_s"], off[i]["request_tok_s"]) if off else NAN,
-        }
+        {"mode": mode, **band}
+        | {"mode": mode, "request_tok_s_vs_off": ratio(band["request_tok_s"], off[i]["request_tok_s"]) if off else NAN}
         for mode, mode_bands in bands.items()
         for i, band in enumerate(mode_bands)
     ]
