@@ -15,6 +15,7 @@ position 0 of each sequence is zeroed.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -356,6 +357,101 @@ def run_mtp_layers(
         prev = layer(prev, next_embeds, cos, sin, lengths, keep if k == last else None, prefixes)
         logits_rows = prev if keep is None or k == last else prev[keep]
         out.append(F.linear(logits_rows, head))
+    return out
+
+
+def unrolled_attention(
+    attn: Attention,
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    lengths: list[int],
+    earlier: list[tuple[torch.Tensor, torch.Tensor]],
+) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """Attention of a position-shared MTP layer at its depth ``len(earlier) + 1``, as vLLM's drafter reads its KV cache
+    when it runs the layer on its own output (EAGLE-3's training-time test), and this depth's keys and values.
+
+    Rows are anchors: row t of depth d drafts token t+d+1 at position t+d-1. In the engine its query sees the cache of
+    depth 1 (written from the trunk's states) up to row t and, of each deeper depth j <= d, the one entry written at
+    row t's chain (``earlier[j - 2]``, then its own): a causal block over depth 1 and a diagonal block per later depth.
+    ``cos``/``sin`` are this depth's (positions shifted by d-1); ``earlier`` holds the rotated keys and values of
+    depths 1..d-1 over the same rows.
+
+    Example, one sequence of 3 rows at depth 2: row 1 attends depth-1 keys of rows 0 and 1 and its own depth-2 key."""
+    t = x.shape[0]
+    cfg = attn.cfg
+    q = attn.q_proj(x).view(t, cfg.num_attention_heads, cfg.head_dim).transpose(0, 1)
+    k = attn.k_proj(x).view(t, cfg.num_key_value_heads, cfg.head_dim).transpose(0, 1)
+    v = attn.v_proj(x).view(t, cfg.num_key_value_heads, cfg.head_dim).transpose(0, 1)
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    depths = [*earlier, (k, v)]
+    rep = cfg.num_attention_heads // cfg.num_key_value_heads
+    scale = 1.0 / math.sqrt(cfg.head_dim)
+    parts = []
+    start = 0
+    for length in lengths:
+        span = slice(start, start + length)
+        keys = torch.cat([kd[:, span] for kd, _ in depths], dim=1).repeat_interleave(rep, dim=0)
+        values = torch.cat([vd[:, span] for _, vd in depths], dim=1).repeat_interleave(rep, dim=0)
+        causal = torch.ones(length, length, dtype=torch.bool, device=x.device).tril()
+        diagonal = torch.eye(length, dtype=torch.bool, device=x.device)
+        mask = torch.cat([causal] + [diagonal] * (len(depths) - 1), dim=1)
+        out = F.scaled_dot_product_attention(
+            q[None, :, span], keys[None], values[None], attn_mask=mask, scale=scale
+        )  # fmt: skip
+        parts.append(out[0])
+        start += length
+    out = torch.cat(parts, dim=1)
+    return attn.o_proj(out.transpose(0, 1).reshape(t, -1)), (k, v)
+
+
+def run_mtp_unrolled(
+    layer: MTPLayer,
+    hidden: torch.Tensor,
+    embeds: torch.Tensor,
+    head: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    positions: torch.Tensor,
+    rope_at: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+    depth: int,
+    detach_inputs: bool = True,
+    mtp_positions: torch.Tensor | None = None,
+) -> list[torch.Tensor]:
+    """Logits of one MTP layer run ``depth`` times on its own output, as vLLM drafts ``num_speculative_tokens = depth``
+    tokens from a checkpoint with one MTP layer: at anchor t, depth 1 reads the trunk's state at t and token t+1 and
+    drafts t+2; depth d reads depth d-1's output at t and token t+d (the draft it made, where that draft was accepted)
+    and drafts t+d+1, at position t+d-1, attending as :func:`unrolled_attention` says. Gradients flow through the
+    earlier depths' outputs (the head is trained on its own states, FastMTP's and EAGLE-3's unroll); with
+    ``detach_inputs`` the trunk's states, the embeddings and the LM head ``head`` are detached. ``rope_at`` maps
+    positions to rotary ``(cos, sin)``. With ``mtp_positions`` (sorted anchors) each depth's logits are only there
+    (the layer runs on the sequences holding one, up to the last); the caller masks the anchors a depth cannot train
+    (:func:`mtp.loss.mtp_targets` with ``depth=d-1``).
+
+    Example: depth 2 on the stream ``a b c d``: anchor 0 drafts ``c`` from (h_a, b), then ``d`` from (its own output, c)."""
+    if detach_inputs:
+        hidden, embeds, head = hidden.detach(), embeds.detach(), head.detach()
+    rows = keep = None
+    sub_cu = cu_seqlens
+    if mtp_positions is not None and mtp_positions.numel() > 0:
+        plan = mtp_rows(mtp_positions, cu_seqlens)
+        rows, sub_cu, keep = plan.rows, plan.cu_seqlens, plan.keep
+        hidden, positions = hidden[rows], positions[rows]
+    lengths = (sub_cu[1:] - sub_cu[:-1]).tolist()
+    out: list[torch.Tensor] = []
+    earlier: list[tuple[torch.Tensor, torch.Tensor]] = []
+    prev = hidden
+    for d in range(1, depth + 1):
+        next_embeds = roll_packed(embeds, cu_seqlens, shift=-d)
+        next_embeds = next_embeds if rows is None else next_embeds[rows]
+        if d == 1:  # vLLM zeroes the embedding at position 0, which only depth 1 reaches
+            next_embeds = next_embeds.masked_fill((positions == 0)[:, None], 0.0)
+        cos, sin = rope_at(positions + (d - 1))
+        x = layer.input_proj(torch.cat([layer.hidden_layernorm(prev), layer.token_layernorm(next_embeds)], dim=-1))
+        attended, kv = unrolled_attention(layer.self_attn, layer.input_layernorm(x), cos, sin, lengths, earlier)
+        earlier.append(kv)
+        x = x + attended
+        prev = layer.final_layernorm(x + layer.mlp(layer.post_attention_layernorm(x)))
+        out.append(F.linear(prev if keep is None else prev[keep], head))
     return out
 
 

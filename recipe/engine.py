@@ -210,6 +210,7 @@ class SpecCounters:
     num_drafts: int = 0
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
+    accepted_per_pos: tuple[int, ...] = ()  # accepted draft tokens at depth 1, 2, ... (vLLM's ..._per_pos)
 
     @property
     def mean_acceptance_length(self) -> float:
@@ -225,7 +226,16 @@ class SpecCounters:
             self.num_drafts - other.num_drafts,
             self.num_draft_tokens - other.num_draft_tokens,
             self.num_accepted_tokens - other.num_accepted_tokens,
+            add_per_pos(self.accepted_per_pos, other.accepted_per_pos, -1),
         )
+
+
+def add_per_pos(a: tuple[int, ...], b, sign: int = 1) -> tuple[int, ...]:
+    """``a + sign * b`` by depth, the shorter padded with zeros (an engine's K can differ from a counter's start)."""
+    n = max(len(a), len(b))
+    return tuple(
+        (a[i] if i < len(a) else 0) + sign * (int(b[i]) if i < len(b) else 0) for i in range(n)
+    )  # fmt: skip
 
 
 class SpecCounterLogger:
@@ -245,6 +255,7 @@ class SpecCounterLogger:
             c.num_drafts += stats.num_drafts
             c.num_draft_tokens += stats.num_draft_tokens
             c.num_accepted_tokens += stats.num_accepted_tokens
+            c.accepted_per_pos = add_per_pos(c.accepted_per_pos, stats.num_accepted_tokens_per_pos)
 
     def log(self) -> None:
         pass

@@ -24,7 +24,7 @@ from tqdm import tqdm
 from mtp import MTP_OBJECTIVES
 from mtp.checkpoint import load_checkpoint, load_tokenizer, save_checkpoint
 from mtp.loss import draft_vocabulary, expected_acceptance, mtp_loss, mtp_targets, objective_loss
-from mtp.model import packed_positions, rope_cos_sin, run_mtp_layers
+from mtp.model import packed_positions, rope_cos_sin, run_mtp_layers, run_mtp_unrolled
 from recipe.dapo.timeline import RolloutTimeline
 from recipe.sft.train import TokenizedExample, pack_batches
 
@@ -104,10 +104,33 @@ class CachedPack:
     embeds: torch.Tensor  # [T, H] token embeddings
     train_at: torch.Tensor  # stream positions whose MTP target is a response token
     targets: torch.Tensor  # the MTP target at each of those
+    deep_targets: torch.Tensor  # [P, depth]: the token drafted at depth d from each of those anchors (t+d+1)
+    deep_valid: torch.Tensor  # [P, depth]: whether depth d trains there (t+1..t+d+1 are response tokens)
+    teacher_ids: torch.Tensor | None = None  # [T, k]: the target's k likeliest next tokens at every position ...
+    teacher_probs: torch.Tensor | None = None  # ... and their probabilities (None: the loss reads the whole vocabulary)
 
 
-def cache_trunk(model, packs: list[list[TokenizedExample]], progress: bool = True) -> list[CachedPack]:
-    """The frozen trunk's hidden states of every pack, once."""
+TEACHER_CHUNK = 1024  # positions whose whole-vocabulary logits are held at once while a pack's teacher is cached
+
+
+@torch.no_grad()
+def teacher_topk(model, hidden: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target's ``k`` likeliest next tokens and their probabilities at every position of ``hidden`` (its pre-norm
+    states), a chunk of positions at a time."""
+    ids, probs = [], []
+    for chunk in hidden.split(TEACHER_CHUNK):
+        top = torch.softmax(model.lm_head(model.model.norm(chunk)).float(), dim=-1).topk(k, dim=-1)
+        ids.append(top.indices.int())
+        probs.append(top.values)
+    return torch.cat(ids), torch.cat(probs)
+
+
+def cache_trunk(
+    model, packs: list[list[TokenizedExample]], progress: bool = True, depth: int = 1, topk: int = 0
+) -> list[CachedPack]:
+    """The frozen trunk's hidden states of every pack, once, and the targets of drafting depths 1..``depth``; with
+    ``topk``, the target's top-``topk`` next-token distribution at every position too (:func:`deep_pack_loss`'s
+    shortlist)."""
     out = []
     cfg = model.config
     for group in tqdm(packs, desc="trunk states", disable=not progress, dynamic_ncols=True):
@@ -121,7 +144,13 @@ def cache_trunk(model, packs: list[list[TokenizedExample]], progress: bool = Tru
             embeds, hidden = model.trunk(ids, cos, sin, (cu[1:] - cu[:-1]).tolist())
         targets, tmask = mtp_targets(ids, mask, cu, depth=0)
         train_at = torch.nonzero(tmask).flatten()
-        out.append(CachedPack(cu, positions, hidden, embeds, train_at, targets[train_at]))
+        deep = [mtp_targets(ids, mask, cu, depth=d) for d in range(depth)]
+        deep_targets = torch.stack([t[train_at] for t, _ in deep], dim=1)
+        deep_valid = torch.stack([m[train_at].bool() for _, m in deep], dim=1)
+        pack = CachedPack(cu, positions, hidden, embeds, train_at, targets[train_at], deep_targets, deep_valid)
+        if topk:
+            pack.teacher_ids, pack.teacher_probs = teacher_topk(model, hidden, topk)
+        out.append(pack)
     return out
 
 
@@ -149,11 +178,76 @@ def draft_logits(model, layers: torch.nn.ModuleList, head: torch.Tensor, c: Cach
     )[0]
 
 
+def deep_draft_logits(
+    model, layers: torch.nn.ModuleList, head: torch.Tensor, c: CachedPack, depth: int
+) -> list[torch.Tensor]:
+    """The head's logits at each of depths 1..``depth`` at the pack's anchors, its one layer run on its own output as
+    vLLM drafts ``depth`` tokens (:func:`mtp.model.run_mtp_unrolled`)."""
+    cfg = model.config
+    (layer,) = layers
+    return run_mtp_unrolled(
+        layer, c.hidden.float(), c.embeds.float(), head, c.cu, c.positions,
+        lambda p: rope_cos_sin(p, cfg.head_dim, cfg.rope_theta), depth, mtp_positions=c.train_at,
+    )  # fmt: skip
+
+
 @torch.no_grad()
-def target_logits(model, c: CachedPack) -> torch.Tensor:
-    """The frozen target's logits of the token the head drafts at each trained position: its output one position
-    later, from the cached states."""
-    return model.lm_head(model.model.norm(c.hidden[c.train_at + 1])).float()
+def target_logits(model, c: CachedPack, depth: int = 1) -> torch.Tensor:
+    """The frozen target's logits of the token the head drafts at each trained position at ``depth``: its output
+    ``depth`` positions later, from the cached states (clamped to the stream where the depth does not train)."""
+    return model.lm_head(model.model.norm(c.hidden[anchors_ahead(c, depth)])).float()
+
+
+def depth_weights(depth: int, decay: float) -> np.ndarray:
+    """Each drafting depth's share of the head's loss: ``decay ** (d - 1)``, normalised. A depth-d draft token counts
+    only where depths 1..d-1 were accepted, so deeper depths weigh less (FastMTP's exponentially decaying weights).
+
+    Example: ``depth_weights(3, 0.5)`` is ``[4/7, 2/7, 1/7]``."""
+    w = decay ** np.arange(depth, dtype=float)
+    return w / w.sum()
+
+
+def deep_pack_loss(
+    model, layers: torch.nn.ModuleList, head: torch.Tensor, c: CachedPack, objective: str, weights: np.ndarray
+) -> tuple[torch.Tensor, torch.Tensor, list[float]]:
+    """The head's loss over its drafting depths (``weights`` per depth, :func:`depth_weights`): at depth d, the
+    objective's loss at the anchors where depth d trains, against the target's distribution of token t+d+1; its top-1
+    accuracy at depth 1; and each depth's mean expected acceptance ``sum(min(p, q))`` there, the chance a depth-d draft
+    is accepted given the ones before it were (inputs teacher-forced: an accepted draft is the target's token).
+
+    Where the pack cached the target's top-k (``cache_trunk(topk=k)``) the loss runs over a shortlist, the union of
+    those top-k at every drafted token and the sampled tokens, the head's softmax taken over it and the target's mass
+    outside its top-k left out (as ``spec.mtp.loss_vocab_topk`` trains online); else over the whole vocabulary."""
+    depth = len(weights)
+    vocab = None
+    if c.teacher_ids is not None:
+        drafted = torch.cat([c.teacher_ids[anchors_ahead(c, d)].flatten() for d in range(1, depth + 1)])
+        vocab = torch.unique(torch.cat([drafted.long(), c.deep_targets.flatten()]))
+    total = head.new_zeros(())
+    acc = head.new_zeros(())
+    accepts = []
+    logits_by_depth = deep_draft_logits(model, layers, head if vocab is None else head[vocab], c, depth)
+    for d, logits in enumerate(logits_by_depth, start=1):
+        valid = c.deep_valid[:, d - 1]
+        targets = c.deep_targets[valid, d - 1]
+        if vocab is None:
+            teacher = torch.softmax(target_logits(model, c, d), dim=-1)[valid]
+        else:
+            at = anchors_ahead(c, d)[valid]
+            teacher = torch.zeros(int(valid.sum()), vocab.numel())
+            teacher.scatter_(1, torch.searchsorted(vocab, c.teacher_ids[at].long()), c.teacher_probs[at])
+            targets = torch.searchsorted(vocab, targets)
+        loss, top1 = objective_loss(objective, logits[valid], targets, teacher)
+        total = total + float(weights[d - 1]) * loss
+        acc = top1 if d == 1 else acc
+        accepts.append(float(expected_acceptance(logits[valid].detach(), teacher).mean()))
+    return total, acc, accepts
+
+
+def anchors_ahead(c: CachedPack, depth: int) -> torch.Tensor:
+    """The stream position ``depth`` after each anchor, whose next-token distribution is the target's for the token
+    drafted at that depth (clamped to the stream where the depth does not train)."""
+    return (c.train_at + depth).clamp(max=c.hidden.shape[0] - 1)
 
 
 def draft_and_target(
@@ -212,6 +306,9 @@ def train_head(
     dtype: torch.dtype = torch.bfloat16,
     objective: str = "distill",
     progress: bool = True,
+    depth: int = 1,
+    depth_decay: float = 0.6,
+    vocab_topk: int = 0,
 ) -> tuple[Path, list[dict], float]:
     """Train the MTP layers of ``ckpt`` on ``samples`` (trunk, embeddings and LM head frozen) and write the checkpoint
     to ``out_dir``; returns it, the per-step history (loss, top-1 accuracy against the sampled token, the expected
@@ -221,17 +318,25 @@ def train_head(
     cached states): what a probabilistic draft (vLLM's ``draft_sample_method=probabilistic``) is accepted by, and far
     more signal per token than the sampled token; ``acceptance`` maximises that acceptance itself, ``sum(min(p, q))``
     (one minus the total variation distance; forward KL spreads q over tokens p rarely samples), a fine-tune for a
-    head ``distill`` trained; ``sampled``: CE on the sampled token, the loss online MTP uses in RL."""
+    head ``distill`` trained; ``sampled``: CE on the sampled token, the loss online MTP uses in RL.
+
+    ``depth`` > 1 trains the one MTP layer to draft that many tokens a step, run on its own output as vLLM runs it
+    (:func:`deep_pack_loss`, depth d weighted ``depth_decay ** (d - 1)``); the history then has each depth's expected
+    acceptance (``expected_acceptance_pos_<d>``). ``vocab_topk`` > 0 scores the loss over a shortlist of the vocabulary
+    (:func:`deep_pack_loss`), which over a large vocabulary is most of a step's time saved."""
     if objective not in MTP_OBJECTIVES:
         raise ValueError(f"objective={objective!r}: {' | '.join(MTP_OBJECTIVES)}")
+    if depth < 1:
+        raise ValueError(f"depth={depth}: the head drafts at least one token")
     torch.manual_seed(seed)
     model = load_checkpoint(ckpt, dtype)
     model.requires_grad_(False)
     layers = copy.deepcopy(model.model.mtp_layers).float().requires_grad_(True)
     head = model.lm_head.weight.detach().float()
     rng = np.random.default_rng(seed)
-    cached = cache_trunk(model, pack_batches(samples, tokens_per_pack, rng), progress)
+    cached = cache_trunk(model, pack_batches(samples, tokens_per_pack, rng), progress, depth, vocab_topk)
     ceiling = acceptance_ceiling(model, cached)
+    weights = depth_weights(depth, depth_decay)
     total = epochs * len(cached)
     opt = torch.optim.AdamW(layers.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.0)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=total, pct_start=0.05)
@@ -240,11 +345,8 @@ def train_head(
     bar = tqdm(total=total, desc="mtp head", disable=not progress, dynamic_ncols=True)
     for epoch in range(epochs):
         for i in rng.permutation(len(cached)):
-            c = cached[i]
-            logits, teacher = draft_and_target(model, layers, head, c)
-            loss, acc = objective_loss(objective, logits, c.targets, teacher)
-            # a probabilistic draft's acceptance at T=1 per position, logged for every objective
-            accept = expected_acceptance(logits.detach(), teacher).mean()
+            # a probabilistic draft's acceptance at T=1 per depth, logged for every objective
+            loss, acc, accepts = deep_pack_loss(model, layers, head, cached[i], objective, weights)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(layers.parameters(), 1.0)
@@ -252,7 +354,8 @@ def train_head(
             sched.step()
             history.append(
                 {"step": len(history), "epoch": epoch, "loss": loss.item(), "acc": acc.item(),
-                 "expected_acceptance": accept.item(), "s": time.time() - start}
+                 "expected_acceptance": accepts[0], "s": time.time() - start,
+                 **{f"expected_acceptance_pos_{d}": a for d, a in enumerate(accepts, start=1)}}
             )  # fmt: skip
             bar.update(1)
             bar.set_postfix(loss=f"{loss.item():.3f}", acc=f"{acc.item():.3f}")
@@ -310,6 +413,7 @@ def head_figures(timeline: RolloutTimeline, responses: int) -> dict:
         "tokens_per_response": s["tokens"] / max(responses, 1),
         "prefill_time_share": s["prefill_time_share"],
         "rollout_tok_s": s["throughput_tok_s"],
+        **{k: v for k, v in s.items() if k.startswith("accept_rate_pos_")},
     }
 
 

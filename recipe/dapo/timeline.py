@@ -21,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+from recipe.engine import add_per_pos
+
 
 @contextlib.contextmanager
 def timed(timing: dict[str, float], name: str):
@@ -41,6 +43,7 @@ class StepRecord:
     draft_tokens: int = 0
     accepted_tokens: int = 0
     started: int = 0  # requests that emitted their first token in this step: it ran their prefill
+    accepted_per_pos: list[int] = field(default_factory=list)  # accepted draft tokens at depth 1, 2, ...
 
 
 @dataclass
@@ -50,6 +53,7 @@ class RolloutTimeline:
     finishes: dict[str, tuple[int, float]] = field(default_factory=dict)  # request -> (length, finish time)
     drafter_s: float = float("nan")  # SAM's proposer's own seconds inside the steps (NaN: another drafter, or none)
     _last_spec: tuple[int, int, int] = (0, 0, 0)
+    _last_per_pos: tuple[int, ...] = ()
 
     def step(
         self, start_s: float, duration_s: float, active: int, stepped: int, tokens: int, spec_total, started: int = 0
@@ -57,15 +61,26 @@ class RolloutTimeline:
         """Record one engine step; ``spec_total`` is the cumulative SpecCounters since the rollout began."""
         total = (spec_total.num_drafts, spec_total.num_draft_tokens, spec_total.num_accepted_tokens)
         delta = [a - b for a, b in zip(total, self._last_spec, strict=True)]
-        self._last_spec = total
-        self.steps.append(StepRecord(start_s, duration_s, active, stepped, tokens, *delta, started=started))
+        per_pos = list(add_per_pos(tuple(spec_total.accepted_per_pos), self._last_per_pos, -1))
+        self._last_spec, self._last_per_pos = total, tuple(spec_total.accepted_per_pos)
+        self.steps.append(
+            StepRecord(start_s, duration_s, active, stepped, tokens, *delta, started=started, accepted_per_pos=per_pos)
+        )
 
     def finish(self, request_id: str, length: int, time_s: float) -> None:
         self.finishes[request_id] = (length, time_s)
 
     def arrays(self) -> dict[str, np.ndarray]:
-        keys = StepRecord.__dataclass_fields__
-        return {k: np.array([getattr(s, k) for s in self.steps], dtype=float) for k in keys}
+        """Each scalar field of the steps as an array, and ``accepted_per_pos`` as [steps, depth] (zeros past a
+        step's own depth)."""
+        keys = [k for k in StepRecord.__dataclass_fields__ if k != "accepted_per_pos"]
+        out = {k: np.array([getattr(s, k) for s in self.steps], dtype=float) for k in keys}
+        depth = max((len(s.accepted_per_pos) for s in self.steps), default=0)
+        per_pos = np.zeros((len(self.steps), depth))
+        for i, s in enumerate(self.steps):
+            per_pos[i, : len(s.accepted_per_pos)] = s.accepted_per_pos
+        out["accepted_per_pos"] = per_pos
+        return out
 
     def summary(self, tail_threshold: int) -> dict[str, float]:
         """Throughput overall and in the long tail, acceptance, time share of the tail, and the counts that
@@ -99,6 +114,7 @@ class RolloutTimeline:
             "decode_tokens": float(a["tokens"][decode].sum()),
             "engine_steps": float(len(self.steps)),
             "drafter_s": self.drafter_s,
+            **{f"accepted_pos_{k}": float(v) for k, v in enumerate(a["accepted_per_pos"].sum(axis=0), start=1)},
         }
         return {**c, **rollout_ratios(c), "longest_sample_tok_s": ratio(float(lengths.max()), total_time, 0.0)}
 
@@ -265,7 +281,25 @@ def rollout_ratios(c: dict[str, float]) -> dict[str, float]:
         # the drafter's share of the rollout time: on the embedded model a step is a few ms, so the proposer's own
         # work is what separates two SAM variants that accept alike (results/ab)
         "drafter_time_share": ratio(c["drafter_s"], c["rollout_time_s"]),
+        **accept_rates_by_depth(c),
     }
+
+
+def accept_rates_by_depth(c: dict[str, float]) -> dict[str, float]:
+    """``accept_rate_pos_<k>``: the chance a depth-k draft token is accepted given depths 1..k-1 were, from the counts'
+    ``accepted_pos_<k>`` (vLLM's accepted tokens per position) over the drafts that reached depth k (``drafts`` for
+    k=1, else the accepted depth-(k-1) tokens). Exact where every draft has the same length (the head's K); a shorter
+    draft (SAM's) that ended before depth k counts as not accepted there. NaN where no draft reached depth k.
+
+    Example: 100 drafts of 3 tokens, 60 accepted at depth 1, 30 at 2, 24 at 3: rates 0.6, 0.5, 0.8."""
+    out = {}
+    reached = c.get("drafts", 0.0)
+    k = 1
+    while f"accepted_pos_{k}" in c:
+        accepted = c[f"accepted_pos_{k}"]
+        out[f"accept_rate_pos_{k}"] = ratio(accepted, reached)
+        reached, k = accepted, k + 1
+    return out
 
 
 COUNT_KEYS = (
@@ -281,6 +315,7 @@ def step_rollout_metrics(rounds: list[dict[str, float]]) -> dict[str, float]:
     its drafts), so a short round weighs what it holds. Without a tail in any round the ``tail`` ratios are
     left out rather than logged as zeros that would drag a mean over steps down; the longest-sample figure
     is the mean of the rounds' (each round has its own longest sample)."""
-    ratios = rollout_ratios({k: sum(r[k] for r in rounds) for k in COUNT_KEYS})
+    depth_keys = sorted({k for r in rounds for k in r if k.startswith("accepted_pos_")}, key=lambda k: int(k[13:]))
+    ratios = rollout_ratios({k: sum(r.get(k, 0.0) for r in rounds) for k in (*COUNT_KEYS, *depth_keys)})
     ratios["longest_sample_tok_s"] = float(np.mean([r["longest_sample_tok_s"] for r in rounds]))
     return {f"rollout/{k}": v for k, v in ratios.items() if v == v}

@@ -13,6 +13,8 @@ from mtp.loss import draft_vocabulary, expected_acceptance, objective_loss
 from mtp.model import MiMoConfig, MiMoForCausalLM
 from recipe.head_training import (
     cache_trunk,
+    deep_pack_loss,
+    depth_weights,
     draft_and_target,
     held_out_acceptance,
     load_samples,
@@ -131,3 +133,41 @@ def test_a_sample_set_reads_back_as_written_and_a_missing_one_is_named(tmp_path)
         np.testing.assert_array_equal(a.response_mask, b.response_mask)
     with pytest.raises(FileNotFoundError, match="nowhere.pkl: no such sample set"):
         load_samples(tmp_path / "nowhere.pkl")
+
+
+@pytest.mark.parametrize("objective", ["distill", "acceptance"])
+def test_the_deep_loss_over_the_targets_whole_top_k_is_the_whole_vocabulary_loss(checkpoint, objective):
+    """With the target's top-k over every token the shortlist holds the whole vocabulary and the cached teacher is the
+    whole distribution: the shortlist's loss and per-depth acceptance must equal the whole-vocabulary ones (a wrong
+    column map or teacher position fails); a small k must change them."""
+    model = load_checkpoint(checkpoint)
+    layers, head = model.model.mtp_layers, model.lm_head.weight.detach().float()
+    data = [samples(model.config.vocab_size, 3)]
+    weights = depth_weights(3, 0.6)
+    (full_pack,) = cache_trunk(model, data, progress=False, depth=3)
+    (all_k,) = cache_trunk(model, data, progress=False, depth=3, topk=model.config.vocab_size)
+    (small_k,) = cache_trunk(model, data, progress=False, depth=3, topk=2)
+    with torch.no_grad():
+        full, _, full_accepts = deep_pack_loss(model, layers, head, full_pack, objective, weights)
+        same, _, same_accepts = deep_pack_loss(model, layers, head, all_k, objective, weights)
+        short, _, _ = deep_pack_loss(model, layers, head, small_k, objective, weights)
+    assert same.item() == pytest.approx(full.item(), rel=1e-5)
+    assert same_accepts == pytest.approx(full_accepts, rel=1e-5)
+    assert abs(short.item() - full.item()) > 1e-3
+    # depth 1 of the deep loss is the one-token head's loss
+    with torch.no_grad():
+        logits, teacher = draft_and_target(model, layers, head, full_pack)
+        _, _, (first,) = deep_pack_loss(model, layers, head, full_pack, objective, depth_weights(1, 0.6))
+    assert first == pytest.approx(float(expected_acceptance(logits, teacher).mean()), rel=1e-5)
+
+
+def test_a_deep_head_trains_every_depth(checkpoint, tmp_path):
+    before = load_checkpoint(checkpoint)
+    out, history, _ = train_head(
+        checkpoint, samples(before.config.vocab_size), tmp_path / "deep", epochs=6, tokens_per_pack=600, lr=3e-3,
+        dtype=torch.float32, objective="distill", progress=False, depth=3, vocab_topk=32,
+    )  # fmt: skip
+    for d in (1, 2, 3):
+        first = np.mean([h[f"expected_acceptance_pos_{d}"] for h in history[:4]])
+        last = np.mean([h[f"expected_acceptance_pos_{d}"] for h in history[-4:]])
+        assert last > first + 0.03, (d, first, last)

@@ -6,6 +6,7 @@ import pytest
 
 from recipe.dapo.timeline import (
     RolloutTimeline,
+    accept_rates_by_depth,
     speed_by_active_requests,
     speed_by_active_requests_vs_off,
     step_rollout_metrics,
@@ -261,3 +262,39 @@ def test_equal_work_ratio_runs_each_mode_at_spec_offs_mix_of_batch_sizes():
     assert ratios["sam"] == pytest.approx(1 / 0.75)
     assert math.isnan(ratios["gap"])
     assert equal_work_vs_off([band("sam", 1.0, 1.0)]) == {}
+
+
+@pytest.mark.parametrize(
+    ("counts", "expected"),
+    [
+        # 100 three-token drafts: 60 accepted at depth 1, 30 at 2, 24 at 3
+        ({"drafts": 100, "accepted_pos_1": 60, "accepted_pos_2": 30, "accepted_pos_3": 24}, [0.6, 0.5, 0.8]),
+        # nothing accepted at depth 1: depth 2 was never reached
+        ({"drafts": 10, "accepted_pos_1": 0, "accepted_pos_2": 0}, [0.0, float("nan")]),
+        ({"drafts": 0}, []),
+    ],
+)
+def test_accept_rate_by_depth_is_conditional_on_the_depths_before(counts, expected):
+    rates = accept_rates_by_depth(counts)
+    assert list(rates) == [f"accept_rate_pos_{k}" for k in range(1, len(expected) + 1)]
+    assert list(rates.values()) == pytest.approx(expected, nan_ok=True)
+
+
+def test_per_depth_counts_go_from_the_engines_cumulative_counters_to_steps_rounds_and_metrics(tmp_path):
+    """The engine's counters are cumulative and grow a depth when K does; each step keeps its own deltas, a saved
+    timeline reads back the same, and a training step's metrics pool its rounds' counts before dividing."""
+    tl = RolloutTimeline(num_requests=2)
+    tl.step(0.0, 0.1, 2, 2, 5, SpecCounters(2, 6, 3, (2, 1)))
+    tl.step(0.1, 0.1, 2, 2, 6, SpecCounters(4, 12, 7, (4, 2, 1)))
+    assert [s.accepted_per_pos for s in tl.steps] == [[2, 1], [2, 1, 1]]
+    tl.save(tmp_path / "t.json")
+    again = RolloutTimeline.load(tmp_path / "t.json")
+    assert again.arrays()["accepted_per_pos"].tolist() == [[2, 1, 0], [2, 1, 1]]
+    s = again.summary(8)
+    assert (s["accepted_pos_1"], s["accepted_pos_2"], s["accepted_pos_3"]) == (4, 2, 1)
+    assert (s["accept_rate_pos_1"], s["accept_rate_pos_2"], s["accept_rate_pos_3"]) == (1.0, 0.5, 0.5)
+    other = timeline([(0.1, 1, 1, 1)])
+    other.step(0.1, 0.1, 1, 1, 1, SpecCounters(4, 4, 0, (0,)))
+    m = step_rollout_metrics([s, other.summary(8)])
+    assert m["rollout/accept_rate_pos_1"] == pytest.approx(4 / 8)
+    assert m["rollout/accept_rate_pos_2"] == pytest.approx(2 / 4)
