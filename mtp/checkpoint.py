@@ -44,6 +44,16 @@ def has_mtp_layer(path: str | Path) -> bool:
     return config.is_file() and bool(json.loads(config.read_text()).get("num_nextn_predict_layers"))
 
 
+DEPTH_KEY = "spec_rollout_mtp_depth"  # config.json: draft tokens a step the checkpoint's MTP layer was trained for
+
+
+def trained_depth(path: str | Path) -> int:
+    """The draft tokens per step the checkpoint's MTP layer was trained to draft (its layer run on its own output;
+    ``config.json`` :data:`DEPTH_KEY`, written by head training and by a graft from a head file); 1 where unrecorded."""
+    config = Path(path) / "config.json"
+    return int(json.loads(config.read_text()).get(DEPTH_KEY, 1)) if config.is_file() else 1
+
+
 def is_complete(path: str | Path) -> bool:
     path = Path(path)
     return (path / COMPLETE_MARKER).is_file() and all((path / f).is_file() for f in REQUIRED_FILES)

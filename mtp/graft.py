@@ -15,9 +15,10 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 
-from mtp.checkpoint import is_complete, save_checkpoint
+from mtp.checkpoint import DEPTH_KEY, is_complete, save_checkpoint, trained_depth
 from mtp.model import MiMoConfig, MiMoForCausalLM
 
 GRAFTABLE_ARCHITECTURES = ("LlamaForCausalLM",)
@@ -96,18 +97,61 @@ def grafted_model(path: Path, num_mtp_layers: int = 1) -> MiMoForCausalLM:
     return model
 
 
-def graft_mtp(llama_dir: str | Path, out_dir: str | Path, num_mtp_layers: int = 1) -> Path:
-    """Write ``out_dir``: the Llama checkpoint as a MiMo checkpoint with untrained MTP layers (reused if complete)."""
+HEAD_PREFIX = "model.mtp_layers."  # a MiMo checkpoint's MTP layers: what a head file holds
+
+
+def export_head(checkpoint: str | Path, out_file: str | Path, metadata: dict[str, str] | None = None) -> Path:
+    """Write the MTP layers of a MiMo checkpoint alone (``model.mtp_layers.*``, as stored) to a safetensors file: the
+    part of a grafted head training changes, a few MB where the checkpoint is the whole model. :func:`graft_mtp`
+    with ``head=`` puts it back onto the trunk it was trained on."""
+    state = load_llama_state(Path(checkpoint))
+    head = {k: v.contiguous() for k, v in state.items() if k.startswith(HEAD_PREFIX)}
+    if not head:
+        raise GraftError(f"{checkpoint}: no {HEAD_PREFIX}* tensors (not a MiMo checkpoint with an MTP layer)")
+    out_file = Path(out_file)
+    out_file.parent.mkdir(parents=True, exist_ok=True)
+    depth = str(trained_depth(checkpoint))
+    save_file(head, str(out_file), metadata={"format": "pt", DEPTH_KEY: depth, **(metadata or {})})
+    return out_file
+
+
+def load_head(model: MiMoForCausalLM, head: Path) -> int:
+    """Load a head file (:func:`export_head`) into ``model``'s MTP layers, every layer tensor there and in shape, and
+    return the depth it was trained to draft."""
+    with safe_open(str(head), "pt") as f:
+        depth = int((f.metadata() or {}).get(DEPTH_KEY, 1))
+    weights = load_file(str(head))
+    want = {k: v for k, v in model.state_dict().items() if k.startswith(HEAD_PREFIX)}
+    missing, unexpected = sorted(set(want) - set(weights)), sorted(set(weights) - set(want))
+    wrong = sorted(k for k in set(want) & set(weights) if want[k].shape != weights[k].shape)
+    if missing or unexpected or wrong:
+        raise GraftError(
+            f"{head}: not a head for this trunk: missing {missing[:3]}, unexpected {unexpected[:3]}, shape {wrong[:3]}"
+        )
+    with torch.no_grad():
+        params = dict(model.named_parameters())
+        for name, value in weights.items():
+            params[name].copy_(value.float())
+    return depth
+
+
+def graft_mtp(llama_dir: str | Path, out_dir: str | Path, num_mtp_layers: int = 1, head: Path | None = None) -> Path:
+    """Write ``out_dir``: the Llama checkpoint as a MiMo checkpoint with untrained MTP layers, or with the trained ones
+    of a ``head`` file (:func:`export_head`); reused if complete."""
     from transformers import AutoTokenizer
 
     llama_dir, out_dir = Path(llama_dir), Path(out_dir)
     if is_complete(out_dir):
         return out_dir
     model = grafted_model(llama_dir, num_mtp_layers)
+    extra = {"spec_rollout_grafted_from": str(llama_dir)}
+    if head is not None:
+        extra[DEPTH_KEY] = load_head(model, head)
+        extra["spec_rollout_head"] = str(head)
     tokenizer = AutoTokenizer.from_pretrained(str(llama_dir))
     if not tokenizer.chat_template:
         raise GraftError(f"{llama_dir}: the tokenizer has no chat template")
-    return save_checkpoint(model, tokenizer, out_dir, extra_config={"spec_rollout_grafted_from": str(llama_dir)})
+    return save_checkpoint(model, tokenizer, out_dir, extra_config=extra)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -118,11 +162,18 @@ def main(argv: list[str] | None = None) -> None:
         description="Write a MiMo checkpoint of a Llama model with untrained MTP layers (train them with "
         "python -m recipe.mtp_head, which also takes a built-in model name, or online during DAPO with spec=mtp).",
     )
-    parser.add_argument("model", help="a HF Llama checkpoint directory")
-    parser.add_argument("out", help="the MiMo checkpoint directory to write")
+    parser.add_argument("model", help="a HF Llama checkpoint directory (with --export: a trained MiMo checkpoint)")
+    parser.add_argument("out", help="the MiMo checkpoint directory to write (with --export: the head file)")
     parser.add_argument("--mtp-layers", type=int, default=1)
+    parser.add_argument("--head", type=Path, help="a head file (--export's) whose trained MTP layers the graft takes")
+    parser.add_argument("--export", action="store_true", help="write the MTP layers of a MiMo checkpoint alone")
     args = parser.parse_args(argv)
-    print(graft_mtp(args.model, args.out, args.mtp_layers))
+    if args.export:
+        print(export_head(args.model, args.out))
+        return
+    if args.head is not None and not args.head.is_file():
+        parser.error(f"--head {args.head}: no such file (python -m mtp.graft --export CHECKPOINT FILE writes one)")
+    print(graft_mtp(args.model, args.out, args.mtp_layers, args.head))
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ import torch
 from tqdm import tqdm
 
 from mtp import MTP_OBJECTIVES
-from mtp.checkpoint import load_checkpoint, load_tokenizer, save_checkpoint
+from mtp.checkpoint import DEPTH_KEY, load_checkpoint, load_tokenizer, save_checkpoint
 from mtp.loss import draft_vocabulary, expected_acceptance, mtp_loss, mtp_targets, objective_loss
 from mtp.model import packed_positions, rope_cos_sin, run_mtp_layers, run_mtp_unrolled
 from recipe.dapo.timeline import RolloutTimeline
@@ -365,7 +365,7 @@ def train_head(
     stored = getattr(torch, str(hf.get("torch_dtype", "bfloat16")))
     result = load_checkpoint(ckpt, torch.float32)
     result.model.mtp_layers.load_state_dict(layers.state_dict())
-    extra = {k: v for k, v in hf.items() if k.startswith("spec_rollout_")}
+    extra = {k: v for k, v in hf.items() if k.startswith("spec_rollout_")} | {DEPTH_KEY: depth}
     out = save_checkpoint(result, load_tokenizer(ckpt), out_dir, extra_config=extra, dtype=stored)
     return out, history, ceiling
 

@@ -74,10 +74,36 @@ BUILTIN_SHAPES = {
 }
 
 
+# built-in MTP heads: name -> the built-in model whose trunk the head was trained on. The head's own weights (its MTP
+# layer, `python -m mtp.graft --export`) ship in the repository as recipe/heads/<name>.safetensors, with the held-out
+# acceptance `make mtp-head` measured (recipe/heads/<name>.acceptance.json); resolve_model grafts them onto the trunk
+HEADS_DIR = Path(__file__).parent / "heads"
+BUILTIN_HEADS = {"smollm2-135m-instruct-mtp": "smollm2-135m-instruct"}
+
+
 def is_gguf_spec(spec: object) -> bool:
-    """Whether a model value names a built-in model or a ``.gguf`` file (converted by :func:`resolve_model`), not a
-    HF directory."""
-    return str(spec) in BUILTIN_MODELS or str(spec).endswith(".gguf")
+    """Whether a model value names a built-in model or head, or a ``.gguf`` file (all converted by
+    :func:`resolve_model`), not a HF directory."""
+    return str(spec) in BUILTIN_MODELS or str(spec) in BUILTIN_HEADS or str(spec).endswith(".gguf")
+
+
+def builtin_head(name: str, cache_dir: Path = CACHE_DIR) -> Path:
+    """The built-in head ``name`` grafted onto its built-in model: a MiMo checkpoint under ``cache_dir`` named by the
+    head file's digest (a changed head is grafted again), with the head's recorded acceptance beside it."""
+    import hashlib
+
+    from mtp.graft import graft_mtp
+    from sam.hybrid import ACCEPTANCE_FILE
+
+    weights = HEADS_DIR / f"{name}.safetensors"
+    if not weights.is_file():
+        raise ModelError(f"built-in head {name!r}: {weights} is missing from the repository checkout")
+    digest = hashlib.sha256(weights.read_bytes()).hexdigest()[:12]
+    out = graft_mtp(resolve_model(BUILTIN_HEADS[name], cache_dir), cache_dir / f"{name}-{digest}", head=weights)
+    recorded = HEADS_DIR / f"{name}.acceptance.json"
+    if recorded.is_file() and not (out / ACCEPTANCE_FILE).is_file():
+        shutil.copyfile(recorded, out / ACCEPTANCE_FILE)
+    return out
 
 
 def builtin_gguf(name: str) -> Path:
@@ -125,6 +151,8 @@ def resolve_model(spec: str | os.PathLike, cache_dir: Path = CACHE_DIR) -> Path:
     text = str(spec)
     if text in BUILTIN_MODELS:
         return convert_gguf(builtin_gguf(text), cache_dir / text)
+    if text in BUILTIN_HEADS:
+        return builtin_head(text, cache_dir)
     path = Path(text).expanduser()
     if path.suffix == ".gguf":
         if not path.is_file():
@@ -134,8 +162,8 @@ def resolve_model(spec: str | os.PathLike, cache_dir: Path = CACHE_DIR) -> Path:
         check_checkpoint(path)
         return path
     raise ModelError(
-        f"model {text!r} is neither a built-in model ({', '.join(BUILTIN_MODELS)}), a .gguf file nor a HF checkpoint "
-        "directory"
+        f"model {text!r} is neither a built-in model ({', '.join([*BUILTIN_MODELS, *BUILTIN_HEADS])}), a .gguf file "
+        "nor a HF checkpoint directory"
     )
 
 

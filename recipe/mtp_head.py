@@ -115,6 +115,7 @@ def main() -> None:
         train_head,
     )
     from recipe.models import CACHE_DIR, resolve_model
+    from sam.hybrid import ACCEPTANCE_FILE
 
     missing = [path for path in args.extra_samples if not Path(path).is_file()]
     if missing:
@@ -191,7 +192,7 @@ def main() -> None:
     # draft token is accepted, and each depth's given the ones before, measured where it drafts
     per_depth = {m: depth_rates(report[f"after_{m}"], args.depth) for m in ("probabilistic", "greedy")}
     ap_acc = per_depth["probabilistic"][0]
-    (Path(trained) / "acceptance.json").write_text(
+    (Path(trained) / ACCEPTANCE_FILE).write_text(
         json.dumps(
             {
                 "probabilistic": ap_acc,
@@ -208,7 +209,7 @@ def main() -> None:
         )
     )
     if ap_acc < HEAD_ACCEPTANCE_TARGET:
-        print(f"warning: held-out acceptance {ap_acc:.3f} < {HEAD_ACCEPTANCE_TARGET} (see {trained}/acceptance.json)")
+        print(f"warning: held-out acceptance {ap_acc:.3f} < {HEAD_ACCEPTANCE_TARGET} (see {trained}/{ACCEPTANCE_FILE})")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "mtp_graft.json").write_text(json.dumps(report, indent=2))

@@ -80,16 +80,25 @@ def require_local_trainable(model: str) -> None:
         )
 
 
-def require_mtp_layer(model: str) -> None:
+def require_mtp_layer(model: str, method: str, k: int) -> None:
     """``spec=mtp`` drafts with the checkpoint's own MTP layer: a checkpoint without one is named at start, with how
-    to graft one (mtp/graft.py), instead of failing inside vLLM's engine start."""
-    from mtp.checkpoint import has_mtp_layer
+    to graft one (mtp/graft.py), instead of failing inside vLLM's engine start; so is a ``spec=mtp`` depth K above the
+    one its layer was trained to draft (:func:`mtp.checkpoint.trained_depth`), with how to train it that deep."""
+    from mtp.checkpoint import has_mtp_layer, trained_depth
 
-    if Path(model, "config.json").is_file() and not has_mtp_layer(model):
+    if not Path(model, "config.json").is_file():
+        return
+    if not has_mtp_layer(model):
         raise ConfigError(
-            f"spec=mtp: {model} has no MTP layer (config.json num_nextn_predict_layers); graft one onto a Llama "
+            f"spec={method}: {model} has no MTP layer (config.json num_nextn_predict_layers); graft one onto a Llama "
             f"checkpoint with `python -m mtp.graft {model} OUT_DIR` (`python -m recipe.mtp_head` also trains it on the "
             "model's own samples), then set actor_rollout_ref.model.path=OUT_DIR"
+        )
+    depth = trained_depth(model)
+    if method == "mtp" and k > depth:
+        raise ConfigError(
+            f"spec.num_speculative_tokens={k}: the MTP layer of {model} was trained to draft {depth} token(s) a step; "
+            f"set spec.num_speculative_tokens<={depth} or train it deeper (`python -m recipe.mtp_head --depth {k}`)"
         )
 
 
@@ -101,7 +110,7 @@ def run(cfg: DictConfig) -> list[dict] | DictConfig:
     if cfg.backend == "local":
         require_local_trainable(model)
     if str(cfg.spec.method) in HEAD_METHODS:
-        require_mtp_layer(model)
+        require_mtp_layer(model, str(cfg.spec.method), int(cfg.spec.num_speculative_tokens))
     verl_cfg = verl_config(cfg, model, train, val, resolve_device(str(cfg.trainer.device)))
     if cfg.backend == "verl":
         from recipe.dapo.verl_backend import run_verl

@@ -265,13 +265,13 @@ def validate(cfg: DictConfig) -> None:
     )
     model_path = cfg.actor_rollout_ref.model.path
     if model_path is not None:
-        from recipe.models import BUILTIN_MODELS, is_gguf_spec
+        from recipe.models import BUILTIN_HEADS, BUILTIN_MODELS, is_gguf_spec
 
         _require(
             is_gguf_spec(model_path) or Path(model_path, "config.json").is_file(),
             "actor_rollout_ref.model.path",
-            f"{model_path} is neither a built-in model ({', '.join(BUILTIN_MODELS)}), a .gguf file nor a HF checkpoint "
-            "directory (no config.json)",
+            f"{model_path} is neither a built-in model ({', '.join([*BUILTIN_MODELS, *BUILTIN_HEADS])}), a .gguf file "
+            "nor a HF checkpoint directory (no config.json)",
         )
 
     algo = cfg.algorithm

@@ -80,3 +80,27 @@ def test_spec_mtp_on_a_checkpoint_without_an_mtp_layer_says_how_to_graft_one(tmp
     with pytest.raises(ConfigError, match=r"spec=mtp: .* has no MTP layer .*python -m mtp.graft"):
         run(cfg)
     assert not (tmp_path / "run").exists()
+
+
+def test_spec_mtp_deeper_than_the_head_was_trained_names_the_key_and_how_to_train_it(checkpoints, tmp_path):
+    from hydra import compose, initialize_config_dir
+
+    from recipe.dapo.__main__ import CONFIG_DIR, run
+    from recipe.dapo.config import ConfigError
+
+    _, grafted = checkpoints  # a fresh graft: its layer drafts one token a step
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        cfg = compose(
+            "dapo",
+            overrides=[
+                f"actor_rollout_ref.model.path={grafted}",
+                "spec=mtp",
+                "spec.num_speculative_tokens=3",
+                f"trainer.default_local_dir={tmp_path / 'run'}",
+            ],
+        )
+    with pytest.raises(
+        ConfigError, match=r"spec.num_speculative_tokens=3: .* 1 token\(s\) .*recipe.mtp_head --depth 3"
+    ):
+        run(cfg)
+    assert not (tmp_path / "run").exists()

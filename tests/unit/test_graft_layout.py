@@ -67,3 +67,39 @@ def test_a_graft_without_mtp_layers_is_refused():
     hf = {"architectures": ["LlamaForCausalLM"], "vocab_size": 96, "hidden_size": 64, "num_attention_heads": 4}
     with pytest.raises(GraftError, match="num_mtp_layers=0"):
         mimo_config_from_llama(hf, 0)
+
+
+def test_a_head_file_carries_the_trained_layer_alone_back_onto_the_trunk(tmp_path):
+    """export_head writes the MTP layer's tensors alone; grafting with it gives the trained checkpoint's layer on a fresh
+    graft of the same trunk, bit for bit at the stored precision; a head of another shape is refused, naming it."""
+    from tokenizers import Tokenizer, models
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    from mtp.checkpoint import load_checkpoint, save_checkpoint
+    from mtp.graft import HEAD_PREFIX, export_head, graft_mtp
+
+    tiny_llama(tmp_path / "llama")
+    vocab = {"<unk>": 0, "<eos>": 1}
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="<unk>")), eos_token="<eos>"
+    )
+    tok.chat_template = "{{ messages[0]['content'] }}"
+    tok.save_pretrained(str(tmp_path / "llama"))
+    trained = grafted_model(tmp_path / "llama")
+    with torch.no_grad():
+        for p in trained.model.mtp_layers.parameters():
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    ckpt = save_checkpoint(trained, AutoTokenizer.from_pretrained(str(tmp_path / "llama")), tmp_path / "trained")
+    head = export_head(ckpt, tmp_path / "head.safetensors")
+    from safetensors.torch import load_file
+
+    assert set(load_file(str(head))) == {k for k in trained.state_dict() if k.startswith(HEAD_PREFIX)}
+    again = load_checkpoint(graft_mtp(tmp_path / "llama", tmp_path / "again", head=head))
+    stored = load_checkpoint(ckpt)
+    for name, value in stored.state_dict().items():
+        torch.testing.assert_close(again.state_dict()[name], value, rtol=0, atol=0)
+    weights = load_file(str(head))
+    name = sorted(weights)[0]
+    save_file({**weights, name: weights[name][..., :1].contiguous()}, str(tmp_path / "narrow.safetensors"))
+    with pytest.raises(GraftError, match=r"narrow.safetensors: not a head for this trunk.*shape \['model.mtp_layers"):
+        graft_mtp(tmp_path / "llama", tmp_path / "wrong", head=tmp_path / "narrow.safetensors")
