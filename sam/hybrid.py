@@ -10,11 +10,13 @@ drafter into a :class:`HybridProposer`: the same object, its class a subclass of
 runner that expects an MTP drafter still finds one. Each step:
 
 1. SAM (:class:`HybridSAM`, SAM's proposer) takes the step's tokens and finds its drafts as ``spec=sam`` does; its
-   payoff cut also weighs, for every row, one draft token from the head at that request's learned acceptance
-   (:class:`HeadAcceptance`) and the head's sampling cost (its LM head over the batch, timed in this engine), and
-   keeps whichever cut yields more tokens per second: SAM's drafts alone, per row the better source, or nothing.
+   payoff cut also weighs, for every row, a chain of up to D head tokens (the head's layer run on its own output) at
+   that request's learned per-depth acceptance (:class:`HeadAcceptance`) and the head's sampling cost per depth (its
+   layer and LM head over the batch, timed in this engine), and keeps whichever cut yields more tokens per second:
+   SAM's drafts alone, or per row the better source with the head's chains at most 1, 2, ... D deep.
 2. The head's layer runs over the step's tokens every step (its own KV cache must hold every position for its later
-   drafts); it samples a draft (the LM head, most of its cost) only on steps where a row takes the head's draft.
+   drafts); it samples drafts (the LM head, most of its cost) only on steps where a row takes the head's draft, as
+   deep as the deepest chain sent.
 3. Each row sends one source's draft. A sampled head draft keeps its probabilities; SAM's are point masses
    (:class:`RowDraftProbs`): vLLM's rejection sampler verifies both in one batch, losslessly.
 
@@ -49,54 +51,84 @@ DEFAULT_HEAD_ACCEPTANCE = 0.25  # prior for a head with no recorded acceptance: 
 # drafts in the tail first
 
 
-def recorded_acceptance(model_dir: str | Path, draft_sample_method: str) -> float | None:
+def recorded_acceptance(model_dir: str | Path, draft_sample_method: str) -> list[float] | None:
     """The held-out acceptance ``recipe.mtp_head`` recorded next to the head (``acceptance.json``) for the way it
-    drafts (probabilistic or greedy), or None."""
+    drafts (probabilistic or greedy): per depth, the chance a depth-d draft token is accepted given the ones before it
+    were (one depth where the head was measured drafting one token), or None."""
     path = Path(model_dir) / ACCEPTANCE_FILE
     if not path.is_file():
         return None
     recorded = json.loads(path.read_text())
-    value = recorded.get("probabilistic" if draft_sample_method == "probabilistic" else "greedy")
-    return None if value is None else float(value)
+    method = "probabilistic" if draft_sample_method == "probabilistic" else "greedy"
+    by_depth = (recorded.get("accept_rate_pos") or {}).get(method)
+    if by_depth:
+        return [float(v) for v in by_depth]
+    value = recorded.get(method)
+    return None if value is None else [float(value)]
 
 
 class HeadAcceptance:
-    """The chance that the head's draft is accepted: engine-wide (prior: the recorded held-out acceptance) and per
-    request (shrunk towards the engine-wide one), counted from the drafts it sent."""
+    """The chance that each depth of the head's draft chain is accepted, given the depths before it were: engine-wide
+    per depth (prior: the recorded held-out acceptance) and, at depth 1, per request (shrunk towards the engine-wide
+    one), counted from the chains it sent. :meth:`chances` gives each row's cumulative chances, what the payoff rule
+    reads a draft by.
 
-    def __init__(self, prior: float) -> None:
-        self.prior = prior
-        self.drafts = 0.0
-        self.accepted = 0.0
-        self.by_request: dict[str, list[int]] = {}  # request id -> [drafts, accepted]
+    Example: depth rates 0.6 and 0.5 give a chain's tokens the chances 0.6 and 0.3."""
+
+    def __init__(self, prior: list[float]) -> None:
+        self.prior = np.asarray(prior, dtype=float)
+        self.reached = np.zeros(len(prior))  # chains that reached each depth (decayed counts) ...
+        self.accepted = np.zeros(len(prior))  # ... and were accepted there
+        self.by_request: dict[str, list[int]] = {}  # request id -> [chains, first tokens accepted]
+
+    @property
+    def depth(self) -> int:
+        return len(self.prior)
+
+    @property
+    def by_depth(self) -> np.ndarray:
+        """Engine-wide, the chance a depth-d token is accepted given depths 1..d-1 were."""
+        return (self.accepted + HEAD_PRIOR_WEIGHT * self.prior) / (self.reached + HEAD_PRIOR_WEIGHT)
 
     @property
     def engine_wide(self) -> float:
-        return (self.accepted + HEAD_PRIOR_WEIGHT * self.prior) / (self.drafts + HEAD_PRIOR_WEIGHT)
+        """Engine-wide, the chance the first token is accepted."""
+        return float(self.by_depth[0])
 
     def chances(self, req_ids: list[str]) -> np.ndarray:
-        mean = self.engine_wide
-        out = np.full(len(req_ids), mean)
+        """[rows, depth]: each row's chance that its chain's tokens 1..d are all accepted."""
+        rates = self.by_depth
+        first = np.full(len(req_ids), rates[0])
         for r, rid in enumerate(req_ids):
             counts = self.by_request.get(rid)
             if counts is not None:
-                out[r] = (counts[1] + REQUEST_PRIOR_WEIGHT * mean) / (counts[0] + REQUEST_PRIOR_WEIGHT)
-        return out
+                first[r] = (counts[1] + REQUEST_PRIOR_WEIGHT * rates[0]) / (counts[0] + REQUEST_PRIOR_WEIGHT)
+        return first[:, None] * np.cumprod(np.r_[1.0, rates[1:]])[None, :]
 
-    def observe(self, rid: str, accepted: bool) -> None:
+    def observe(self, rid: str, sent: int, accepted: int) -> None:
+        """A chain of ``sent`` head tokens whose first ``accepted`` were accepted."""
         counts = self.by_request.setdefault(rid, [0, 0])
         counts[0] += 1
-        counts[1] += int(accepted)
-        # engine-wide, recent drafts weigh most: a weight sync or the policy's drift moves the head's acceptance
-        self.drafts = HEAD_MEMORY * self.drafts + 1
-        self.accepted = HEAD_MEMORY * self.accepted + int(accepted)
+        counts[1] += int(accepted > 0)
+        # engine-wide, recent chains weigh most: a weight sync or the policy's drift moves the head's acceptance
+        self.reached *= HEAD_MEMORY
+        self.accepted *= HEAD_MEMORY
+        reached = min(sent, accepted + 1, self.depth)
+        self.reached[:reached] += 1
+        self.accepted[: min(accepted, self.depth)] += 1
 
     def state_dict(self) -> dict:
         """The engine-wide counts, for a checkpoint (a resumed run's request ids are new: per-request counts go)."""
-        return {"drafts": self.drafts, "accepted": self.accepted}
+        return {"drafts": self.reached.tolist(), "accepted": self.accepted.tolist()}
 
     def load_state_dict(self, state: dict) -> None:
-        self.drafts, self.accepted = float(state["drafts"]), float(state["accepted"])
+        """Counts from :meth:`state_dict`; a checkpoint of a shallower head (or one number, from a one-token head)
+        fills the depths it has."""
+        for name in ("drafts", "accepted"):
+            saved = np.atleast_1d(np.asarray(state[name], dtype=float))[: self.depth]
+            counts = np.zeros(self.depth)
+            counts[: saved.size] = saved
+            setattr(self, "reached" if name == "drafts" else name, counts)
 
     def forget(self, live: set[str]) -> None:
         """Drop the counts of requests that left (called now and then: a rollout's ids are not reused)."""
@@ -104,23 +136,26 @@ class HeadAcceptance:
 
 
 class HybridSAM(SAMProposer):
-    """SAM's proposer whose payoff cut also weighs a one-token head draft for every row (:meth:`_cut`).
+    """SAM's proposer whose payoff cut also weighs a chain of head tokens for every row (:meth:`_cut`).
 
-    The hybrid sets :attr:`head_chance` (per row) and :attr:`head_row_seconds` before each :meth:`propose`, and reads
-    :attr:`head_rows` (the rows that take the head's draft) after it."""
+    The hybrid sets :attr:`head_chance` ([rows, depth]: per row, the chance its chain's tokens 1..d are all accepted)
+    and :attr:`head_row_seconds` before each :meth:`propose`, and reads :attr:`head_rows` (the rows that take the
+    head's chain) and :attr:`head_lengths` (how deep each goes) after it."""
 
     def __init__(self, vllm_config, *args, **kwargs) -> None:
         super().__init__(vllm_config, *args, **kwargs)
         self.head_chance: np.ndarray | None = None
-        self.head_row_seconds = 0.0  # what sampling the head costs per row of the step
+        self.head_row_seconds = 0.0  # what sampling one depth of the head's chain costs per row of the step
         self.head_rows = np.zeros(0, dtype=bool)
+        self.head_lengths = np.zeros(0, dtype=np.int64)
 
     def _head_usable(self, rows: int) -> bool:
-        return self.head_chance is not None and self.head_chance.size == rows and rows > 0
+        return self.head_chance is not None and self.head_chance.shape[0] == rows and rows > 0
 
     def _nothing_can_pay(self, rows: int) -> bool:
-        """SAM's bound (:meth:`SAMProposer._nothing_can_pay`), and no head draft can pay either: one token at the
-        best row's chance, less its price, against the switch to verification and the head's sampling."""
+        """SAM's bound (:meth:`SAMProposer._nothing_can_pay`), and no head draft can pay either: its first token at the
+        best row's chance, less its price, against the switch to verification and the head's sampling (a chain's
+        later tokens are likelier to fail than its first)."""
         if not super()._nothing_can_pay(rows):
             return False
         if not self._head_usable(rows) or not self.step_cost.known:
@@ -130,47 +165,58 @@ class HybridSAM(SAMProposer):
         plain = max(a + b * rows, 1e-12)
         token_cost = (1.0 + margin) * rows * c / plain
         switch = (1.0 + margin) * (1.0 + (e + (f + self.head_row_seconds) * rows) / plain) - 1.0
-        return float(self.head_chance.max()) - token_cost <= switch
+        return float(self.head_chance[:, 0].max()) - token_cost <= switch
 
     def _pay(self, rows: int, slots, drafts, lengths, group, mlen, level, idle: bool) -> np.ndarray:
         self.head_rows = np.zeros(rows, dtype=bool)
+        self.head_lengths = np.zeros(rows, dtype=np.int64)
         lengths = super()._pay(rows, slots, drafts, lengths, group, mlen, level, idle)
-        self._last_drafted += int(self.head_rows.sum())  # verified like SAM's: the step cost learns both
+        self._last_drafted += int(self.head_lengths.sum())  # verified like SAM's: the step cost learns both
         self._quiet &= not self.head_rows.any()  # a step that sent head drafts is no sign that later ones defer
         return lengths
 
     def _cut(self, rows: int, chances: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-        """SAM's payoff cut, against a cut where each row drafts from the source whose draft gains more at the last
-        cut's token cost (the head: one token at its request's chance), the head's sampling priced per row; the
-        cut with more expected tokens per second wins. Sets :attr:`head_rows`."""
+        """SAM's payoff cut, against cuts where each row drafts from the source whose draft gains more at the last
+        cut's token cost (the head: its chain, at most ``depth`` tokens deep), for each depth the head's chains may
+        reach, the head's sampling priced per row and depth; the cut with the most expected tokens per second wins.
+        Sets :attr:`head_rows` and :attr:`head_lengths`."""
         sam_lengths = super()._cut(rows, chances, lengths)
         sam_token_cost = self._token_cost
+        self.head_rows = np.zeros(rows, dtype=bool)
+        self.head_lengths = np.zeros(rows, dtype=np.int64)
         if not self._head_usable(rows):
             return sam_lengths
-        positions = np.arange(chances.shape[1])[None, :] < lengths[:, None]
+        width = chances.shape[1]
+        head_chance = self.head_chance[:, :width]
+        positions = np.arange(width)[None, :] < lengths[:, None]
         sam_gain = np.where(positions, np.maximum(chances - sam_token_cost, 0.0), 0.0).sum(axis=1)
-        head = np.maximum(self.head_chance - sam_token_cost, 0.0) > sam_gain
-        if not head.any():
-            return sam_lengths
-        mixed_chances = np.where(head[:, None], 0.0, chances)
-        mixed_chances[head, 0] = self.head_chance[head]
-        mixed_lengths = np.where(head, 1, lengths)
-        cost = self._cost.copy()
-        cost[4] += self.head_row_seconds
-        mixed, mixed_token_cost = payoff_cut(mixed_chances, mixed_lengths, rows, cost, self.options.payoff_margin)
-        head_rows = head & (mixed > 0)
-        if self._rate(rows, chances, sam_lengths, False) >= self._rate(rows, mixed_chances, mixed, head_rows.any()):
-            self._token_cost = sam_token_cost
-            return sam_lengths
-        self.head_rows = head_rows
-        self._token_cost = mixed_token_cost
-        return np.where(head, 0, mixed)
+        best = (self._rate(rows, chances, sam_lengths, 0), sam_lengths, sam_token_cost, None)
+        for depth in range(1, head_chance.shape[1] + 1):
+            head = np.maximum(head_chance[:, :depth] - sam_token_cost, 0.0).sum(axis=1) > sam_gain
+            if not head.any():
+                continue
+            mixed_chances = np.where(head[:, None], 0.0, chances)
+            mixed_chances[head, :depth] = head_chance[head, :depth]
+            mixed_lengths = np.where(head, depth, lengths)
+            cost = self._cost.copy()
+            cost[4] += self.head_row_seconds * depth
+            mixed, token_cost = payoff_cut(mixed_chances, mixed_lengths, rows, cost, self.options.payoff_margin)
+            head_lengths = np.where(head, mixed, 0)
+            rate = self._rate(rows, mixed_chances, mixed, int(head_lengths.max()))
+            if rate > best[0]:
+                best = (rate, np.where(head, 0, mixed), token_cost, head_lengths)
+        _, kept, self._token_cost, head_lengths = best
+        if head_lengths is not None:
+            self.head_lengths = head_lengths
+            self.head_rows = head_lengths > 0
+        return kept
 
-    def _rate(self, rows: int, chances: np.ndarray, lengths: np.ndarray, head: bool) -> float:
-        """Expected tokens per second of a step that sends ``lengths`` of drafts with these chances."""
+    def _rate(self, rows: int, chances: np.ndarray, lengths: np.ndarray, head_depth: int) -> float:
+        """Expected tokens per second of a step that sends ``lengths`` of drafts with these chances, the head's chains
+        sampled ``head_depth`` deep."""
         kept = np.arange(chances.shape[1])[None, :] < lengths[:, None]
         drafted = int(lengths.sum())
-        seconds = self.step_cost.seconds(rows, drafted, self._context) + (self.head_row_seconds * rows if head else 0.0)
+        seconds = self.step_cost.seconds(rows, drafted, self._context) + self.head_row_seconds * rows * head_depth
         return (rows + float(chances[kept].sum())) / max(seconds, 1e-12)
 
 
@@ -179,7 +225,7 @@ class RowDraftProbs:
     are the head's sampling distribution, a SAM row's point masses on its tokens (built when read)."""
 
     def __init__(self, head_probs: torch.Tensor, sam_drafts: dict[int, list[int]]) -> None:
-        self.head_probs = head_probs  # [rows, 1, vocab]
+        self.head_probs = head_probs  # [rows, depth, vocab]
         self.sam_drafts = sam_drafts
 
     def __getitem__(self, key) -> torch.Tensor:
@@ -202,10 +248,17 @@ class HybridProposer(EagleProposer):
         config = self.vllm_config
         options = dict((getattr(config, "additional_config", None) or {}).get("hybrid") or {})
         method = config.speculative_config.draft_sample_method
+        recorded = recorded_acceptance(config.model_config.model, method) or [DEFAULT_HEAD_ACCEPTANCE]
+        depth = options.get("head_depth") or len(recorded)
+        k = int(config.speculative_config.num_speculative_tokens)
+        if depth > k:
+            raise ValueError(
+                f"spec.hybrid.head_depth={depth}: the head's chains must fit spec.num_speculative_tokens={k}"
+            )
         prior = options.get("head_acceptance")
-        if prior is None:
-            prior = recorded_acceptance(config.model_config.model, method)
-        self.head = HeadAcceptance(DEFAULT_HEAD_ACCEPTANCE if prior is None else float(prior))
+        rates = recorded if prior is None else [float(prior)]
+        # depths past the recorded ones: the deepest recorded rate
+        self.head = HeadAcceptance([rates[min(d, len(rates) - 1)] for d in range(depth)])
         pinned = options.get("head_cost")
         self.head_cost = None if pinned is None else float(pinned)  # seconds per row of the head's sampling, given
         self.sam = HybridSAM(config)
@@ -214,7 +267,8 @@ class HybridProposer(EagleProposer):
         self._sampled: list[list[int]] = []
         self._pending: dict[str, tuple[int, int, int]] = {}  # request id -> (its token count, source, tokens) of the
         # draft it was sent last step
-        self._head_seconds = np.zeros(2)  # mean seconds per row of the head's run: [layer only, layer + sampling]
+        self._head_seconds = np.zeros(2)  # mean seconds per row of the head's run: [layer only, layer + one depth of
+        # sampling (a chain of d tokens costs the layer and d such depths)]
         self._head_runs = np.zeros(2)
         self.drafted = np.zeros(len(SOURCES), dtype=np.int64)  # draft tokens sent, by source
         self.accepted = np.zeros(len(SOURCES), dtype=np.int64)  # ... and accepted
@@ -270,7 +324,7 @@ class HybridProposer(EagleProposer):
                 self.drafted[source] += tokens
                 self.accepted[source] += accepted
                 if source == HEAD:
-                    self.head.observe(rid, accepted > 0)
+                    self.head.observe(rid, tokens, accepted)
 
     def counts(self) -> dict[str, list[int]]:
         """Draft tokens sent and accepted so far, by source."""
@@ -294,23 +348,26 @@ class HybridProposer(EagleProposer):
         else:
             sam.head_row_seconds = max(0.0, seconds[1] - seconds[0]) if self._head_runs.all() else 0.0
         sam.head_rows = np.zeros(rows, dtype=bool)
+        sam.head_lengths = np.zeros(rows, dtype=np.int64)
         drafts = sam.propose(self._sampled, num_tokens, batch.token_ids_cpu)
         head_rows = sam.head_rows if sam.head_rows.size == rows else np.zeros(rows, dtype=bool)
-        sample = bool(head_rows.any())
+        depth = int(sam.head_lengths[head_rows].max()) if head_rows.any() else 0
         start = time.perf_counter()
-        head_tokens = super().propose(1 if sample else 0, *args, **kwargs)
+        head_tokens = super().propose(depth, *args, **kwargs)
+        head_ids = head_tokens.tolist() if depth else None  # reading the tokens waits for the device: timed with it
         elapsed = time.perf_counter() - start
         if sam._last_call is not None:
             sam._last_call += elapsed  # the head's time is priced apart from the step SAM's step cost learns
+        sample = int(depth > 0)
         if rows:
-            runs = self._head_runs[int(sample)]
-            seconds[int(sample)] = (seconds[int(sample)] * min(runs, 63) + elapsed / rows) / (min(runs, 63) + 1)
-            self._head_runs[int(sample)] += 1
-        if sample:
+            per_row = elapsed / rows if not depth else seconds[0] + (elapsed / rows - seconds[0]) / depth
+            runs = self._head_runs[sample]
+            seconds[sample] = (seconds[sample] * min(runs, 63) + per_row) / (min(runs, 63) + 1)
+            self._head_runs[sample] += 1
+        if depth:
             self.head_steps += 1
-            head_ids = head_tokens[:, 0].tolist()
             for r in np.flatnonzero(head_rows).tolist():
-                drafts[r] = [head_ids[r]]
+                drafts[r] = head_ids[r][: int(sam.head_lengths[r])]
             probs = self._last_draft_probs
             if probs is not None:
                 self._last_draft_probs = RowDraftProbs(
@@ -338,5 +395,8 @@ def become_hybrid(drafter: EagleProposer, runner) -> HybridProposer:
         )
     drafter.__class__ = HybridProposer
     drafter._init_hybrid(runner)
-    logger.info("hybrid drafter: MTP head (acceptance prior %.3f) and SAM, K=%d", drafter.head.prior, drafter.sam.k)
+    logger.info(
+        "hybrid drafter: MTP head (chains up to %d deep, acceptance prior %s) and SAM, K=%d",
+        drafter.head.depth, np.round(drafter.head.prior, 3).tolist(), drafter.sam.k,
+    )  # fmt: skip
     return drafter

@@ -198,6 +198,13 @@ def validate(cfg: DictConfig) -> None:
         _require(
             prior is None or 0 <= prior <= 1, "spec.hybrid.head_acceptance", f"must be null or in [0, 1], got {prior}"
         )
+        depth = spec.hybrid.head_depth
+        _require(
+            depth is None or 1 <= depth <= spec.num_speculative_tokens,
+            "spec.hybrid.head_depth",
+            f"must be null or in [1, spec.num_speculative_tokens={spec.num_speculative_tokens}] (a chain is verified "
+            f"within the step's K), got {depth}",
+        )
 
     _require(
         cfg.backend == "verl" or not cfg.actor_rollout_ref.model.lora_rank,

@@ -1,5 +1,5 @@
 """sam/hybrid.py without an engine: the payoff rule's choice between the MTP head's draft, SAM's and none, the head's
-learned acceptance, and the draft probabilities vLLM's rejection sampler reads."""
+learned acceptance per depth of its draft chain, and the draft probabilities vLLM's rejection sampler reads."""
 
 import json
 
@@ -23,20 +23,20 @@ def test_each_row_drafts_from_the_source_that_gains_more_and_nothing_where_no_dr
     p = proposer(CHEAP)
     chances = np.array([[0.95, 0.9, 0.85, 0.8], [0.3, 0.1, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
     lengths = np.array([4, 2, 0])
-    p.head_chance = np.array([0.6, 0.6, 0.6])
+    p.head_chance = np.full((3, 1), 0.6)
     sam_lengths = p._cut(3, chances, lengths)
     # row 0: SAM's four likely tokens beat one head token; rows 1-2: the head's 0.6 beats SAM's 0.3 and nothing
     assert p.head_rows.tolist() == [False, True, True]
     assert sam_lengths.tolist() == [4, 0, 0]
 
     p.head_rows = np.zeros(0, dtype=bool)
-    p.head_chance = np.array([0.6, 0.6, 0.6])
+    p.head_chance = np.full((3, 1), 0.6)
     p.head_row_seconds = 1.0  # sampling the head dearer than any step: SAM's cut alone
     assert p._cut(3, chances, lengths).tolist() == [4, 2, 0]
     assert not p.head_rows.any()
 
     dear = proposer(DEAR)
-    dear.head_chance = np.full(64, 0.6)
+    dear.head_chance = np.full((64, 1), 0.6)
     many = np.tile(chances[1:2], (64, 1))
     assert dear._cut(64, many, np.full(64, 2)).sum() == 0 and not dear.head_rows.any()
 
@@ -57,30 +57,30 @@ def test_a_step_where_only_the_head_can_pay_is_not_skipped() -> None:
     for p in (cheap, dear):
         p.head_chance = None
         assert p._nothing_can_pay(8)
-        p.head_chance = np.full(8, 0.7)
+        p.head_chance = np.full((8, 1), 0.7)
     assert not cheap._nothing_can_pay(8)
     assert dear._nothing_can_pay(8)
 
 
 def test_head_acceptance_is_learned_per_request_and_shrunk_towards_the_engines() -> None:
-    head = HeadAcceptance(0.5)
-    assert head.chances(["a"]).tolist() == [0.5]
+    head = HeadAcceptance([0.5])
+    assert head.chances(["a"]).tolist() == [[0.5]]
     for _ in range(20):
-        head.observe("a", False)
+        head.observe("a", 1, 0)
     for _ in range(20):
-        head.observe("b", True)
-    a, b, new = head.chances(["a", "b", "c"])
+        head.observe("b", 1, 1)
+    a, b, new = head.chances(["a", "b", "c"])[:, 0]
     assert a < new < b  # each request's own record, a new one at the engine-wide rate
     assert new == pytest.approx(0.5, abs=0.05)  # half the drafts accepted, the later ones weighing a little more
     head.forget({"b"})
-    assert head.chances(["a"])[0] == pytest.approx(new)
+    assert head.chances(["a"])[0, 0] == pytest.approx(new)
 
 
 def test_a_checkpoint_keeps_the_engine_wide_head_acceptance_not_the_prior() -> None:
-    head = HeadAcceptance(0.9)
+    head = HeadAcceptance([0.9])
     for _ in range(50):
-        head.observe("a", False)
-    resumed = HeadAcceptance(0.9)
+        head.observe("a", 1, 0)
+    resumed = HeadAcceptance([0.9])
     resumed.load_state_dict(head.state_dict())
     assert resumed.engine_wide == head.engine_wide < 0.2  # the prior's 0.9 would draft where the head fails
     assert resumed.chances(["new"]).tolist() == head.chances(["new"]).tolist()
@@ -97,13 +97,17 @@ def test_draft_probabilities_are_the_heads_for_its_rows_and_point_masses_for_sam
 def test_the_recorded_acceptance_is_read_for_the_way_the_head_drafts(tmp_path) -> None:
     assert recorded_acceptance(tmp_path, "probabilistic") is None
     (tmp_path / "acceptance.json").write_text(json.dumps({"probabilistic": 0.52, "greedy": 0.27}))
-    assert recorded_acceptance(tmp_path, "probabilistic") == 0.52
-    assert recorded_acceptance(tmp_path, "greedy") == 0.27
+    assert recorded_acceptance(tmp_path, "probabilistic") == [0.52]
+    assert recorded_acceptance(tmp_path, "greedy") == [0.27]
+    per_depth = {"probabilistic": 0.52, "accept_rate_pos": {"probabilistic": [0.52, 0.4, 0.45], "greedy": [0.3, 0.2]}}
+    (tmp_path / "acceptance.json").write_text(json.dumps(per_depth))
+    assert recorded_acceptance(tmp_path, "probabilistic") == [0.52, 0.4, 0.45]
+    assert recorded_acceptance(tmp_path, "greedy") == [0.3, 0.2]
 
 
 def test_a_step_that_sent_only_head_drafts_does_not_make_the_next_steps_defer() -> None:
     p = proposer(CHEAP)
-    p.head_chance = np.array([0.6, 0.6])
+    p.head_chance = np.full((2, 1), 0.6)
     rows = 2
     slots = np.array([-1, -1])
     drafts = np.zeros((rows, K), dtype=np.int32)
@@ -112,3 +116,56 @@ def test_a_step_that_sent_only_head_drafts_does_not_make_the_next_steps_defer() 
     lengths = p._pay(rows, slots, drafts, np.zeros(rows, dtype=np.int64), group, mlen, level, idle=False)
     assert lengths.tolist() == [0, 0] and p.head_rows.all()
     assert not p._quiet and p._last_drafted == 2  # the head's tokens are verified like SAM's
+
+
+def chain_cut(cost: list[float], head_rates: list[float], chances: np.ndarray, lengths: np.ndarray, seconds: float):
+    """The hybrid's cut of one step: SAM's drafts ``chances``/``lengths``, every row's head chain at ``head_rates``."""
+    p = proposer(cost)
+    rows = chances.shape[0]
+    p.head_chance = np.tile(np.cumprod(head_rates), (rows, 1))
+    p.head_row_seconds = seconds
+    kept = p._cut(rows, chances, lengths)
+    return kept.tolist(), p.head_lengths.tolist()
+
+
+@pytest.mark.parametrize(
+    ("case", "cost", "head_rates", "seconds", "sam_kept", "head_kept"),
+    [
+        # a cheap step, a head good at every depth: each row without a likelier SAM draft takes the whole chain
+        ("deep where cheap", CHEAP, [0.8, 0.8, 0.8], 0.0, [4, 0, 0], [0, 3, 3]),
+        # later depths too unlikely to pay for their verification: the chain is cut to the depths that pay
+        ("cut to what pays", [0.01, 0.0001, 0.001, 0.0, 0.0], [0.8, 0.2, 0.2], 0.0, [4, 0, 0], [0, 1, 1]),
+        # sampling each depth costs more than a step: no head chain at all, SAM's cut alone
+        ("head too dear", CHEAP, [0.8, 0.8, 0.8], 1.0, [4, 2, 0], [0, 0, 0]),
+        # a dear step (every draft token costs a request): nothing at all
+        ("nothing pays", DEAR, [0.8, 0.8, 0.8], 0.0, [0, 0, 0], [0, 0, 0]),
+    ],
+)
+def test_the_cut_picks_each_rows_source_and_how_deep_the_heads_chain_goes(
+    case, cost, head_rates, seconds, sam_kept, head_kept
+) -> None:
+    chances = np.array([[0.95, 0.9, 0.85, 0.8], [0.3, 0.1, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    assert chain_cut(cost, head_rates, chances, np.array([4, 2, 0]), seconds) == (sam_kept, head_kept), case
+
+
+def test_head_acceptance_per_depth_counts_a_depth_only_where_the_chain_reached_it() -> None:
+    """A chain reaches depth d only if depths 1..d-1 were accepted: a chain of 3 whose first token failed says nothing
+    of depths 2 and 3; the chances are cumulative (depth 1's rate times the later ones')."""
+    head = HeadAcceptance([0.5, 0.5, 0.5])
+    for _ in range(400):
+        head.observe("a", 3, 0)  # first token rejected
+        head.observe("a", 3, 3)  # whole chain accepted
+        head.observe("a", 3, 1)  # second token rejected
+    rates = head.by_depth
+    assert rates[0] == pytest.approx(2 / 3, abs=0.02)
+    assert rates[1] == pytest.approx(1 / 2, abs=0.02)
+    assert rates[2] == pytest.approx(1.0, abs=0.03)
+    (row,) = head.chances(["new"])
+    np.testing.assert_allclose(row, np.cumprod(rates))
+
+
+def test_a_one_token_heads_checkpoint_fills_the_first_depth_of_a_deeper_head() -> None:
+    deep = HeadAcceptance([0.5, 0.4])
+    deep.load_state_dict({"drafts": 40.0, "accepted": 10.0})  # saved by a hybrid that drafted one token
+    assert deep.reached.tolist() == [40.0, 0.0] and deep.accepted.tolist() == [10.0, 0.0]
+    assert deep.by_depth[1] == pytest.approx(0.4)  # the prior where nothing was counted
