@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -55,6 +56,18 @@ def mtp_targets(
     for ahead in range(1, depth + 3):
         mask = mask * roll_packed(response_mask, cu_seqlens, -ahead)
     return targets, mask
+
+
+DEPTH_DECAY = 0.6  # depth d of a head's draft chain weighs DEPTH_DECAY ** (d - 1) in its loss (depth_weights)
+
+
+def depth_weights(depth: int, decay: float = DEPTH_DECAY) -> np.ndarray:
+    """Each drafting depth's share of the head's loss: ``decay ** (d - 1)``, normalised. A depth-d draft token counts
+    only where depths 1..d-1 were accepted, so deeper depths weigh less (FastMTP's exponentially decaying weights).
+
+    Example: ``depth_weights(3, 0.5)`` is ``[4/7, 2/7, 1/7]``."""
+    w = decay ** np.arange(depth, dtype=float)
+    return w / w.sum()
 
 
 def sequence_of(positions: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:

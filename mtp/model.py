@@ -538,13 +538,23 @@ class MiMoForCausalLM(nn.Module):
         mtp_positions: torch.Tensor | None = None,
         vocab: torch.Tensor | None = None,
         prompts: SharedPrompts | None = None,
+        depth: int = 1,
     ) -> list[torch.Tensor]:
         """The MTP layers' logits (:func:`run_mtp_layers`, ``prompts`` its) on a trunk forward's ``out``; with
         ``vocab`` (sorted token ids) only those columns of the LM head: a loss that scores a shortlist of the vocabulary
-        (:func:`mtp.loss.draft_vocabulary`) builds it from that forward's logits, so the head runs after them."""
+        (:func:`mtp.loss.draft_vocabulary`) builds it from that forward's logits, so the head runs after them. With
+        ``depth`` > 1 the one MTP layer's logits at depths 1..depth, run on its own output
+        (:func:`run_mtp_unrolled`; every sequence runs over its own prompt)."""
         positions = packed_positions(cu_seqlens, out.hidden.shape[0])
-        rope = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta)
         head = self.lm_head.weight if vocab is None else self.lm_head.weight[vocab]
+        if depth > 1:
+            cfg = self.config
+            (layer,) = self.model.mtp_layers
+            return run_mtp_unrolled(
+                layer, out.hidden, out.embeds, head, cu_seqlens, positions,
+                lambda p: rope_cos_sin(p, cfg.head_dim, cfg.rope_theta), depth, detach_inputs, mtp_positions,
+            )  # fmt: skip
+        rope = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta)
         return run_mtp_layers(
             self.model.mtp_layers, out.hidden, out.embeds, head, cu_seqlens, positions, rope,
             detach_inputs=detach_inputs, mtp_positions=mtp_positions, prompts=prompts,

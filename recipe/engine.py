@@ -120,6 +120,20 @@ def speculative_config(method: str, num_speculative_tokens: int = 3, **options: 
     return cfg
 
 
+def head_draft_depth(spec: DictConfig, model_path: str | Path) -> int:
+    """How many tokens the MTP head drafts a step, what its online loss trains for: ``spec=mtp``'s K, the hybrid's
+    ``spec.hybrid.head_depth`` (null: the depth the checkpoint's layer was trained for,
+    :func:`mtp.checkpoint.trained_depth`), 1 for a method without the head."""
+    from mtp.checkpoint import trained_depth
+
+    method = str(spec.method)
+    if method == "mtp":
+        return int(spec.num_speculative_tokens)
+    if method == "hybrid":
+        return int(spec.hybrid.head_depth or trained_depth(model_path))
+    return 1
+
+
 def spec_from_config(spec: DictConfig) -> tuple[dict | None, dict | None]:
     """vLLM ``speculative_config`` and ``additional_config`` for the recipe's ``spec`` config group (both
     backends: the local engine gets them directly, veRL passes them through ``engine_kwargs.vllm``)."""

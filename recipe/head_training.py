@@ -23,7 +23,15 @@ from tqdm import tqdm
 
 from mtp import MTP_OBJECTIVES
 from mtp.checkpoint import DEPTH_KEY, load_checkpoint, load_tokenizer, save_checkpoint
-from mtp.loss import draft_vocabulary, expected_acceptance, mtp_loss, mtp_targets, objective_loss
+from mtp.loss import (
+    DEPTH_DECAY,
+    depth_weights,
+    draft_vocabulary,
+    expected_acceptance,
+    mtp_loss,
+    mtp_targets,
+    objective_loss,
+)
 from mtp.model import packed_positions, rope_cos_sin, run_mtp_layers, run_mtp_unrolled
 from recipe.dapo.timeline import RolloutTimeline
 from recipe.sft.train import TokenizedExample, pack_batches
@@ -198,15 +206,6 @@ def target_logits(model, c: CachedPack, depth: int = 1) -> torch.Tensor:
     return model.lm_head(model.model.norm(c.hidden[anchors_ahead(c, depth)])).float()
 
 
-def depth_weights(depth: int, decay: float) -> np.ndarray:
-    """Each drafting depth's share of the head's loss: ``decay ** (d - 1)``, normalised. A depth-d draft token counts
-    only where depths 1..d-1 were accepted, so deeper depths weigh less (FastMTP's exponentially decaying weights).
-
-    Example: ``depth_weights(3, 0.5)`` is ``[4/7, 2/7, 1/7]``."""
-    w = decay ** np.arange(depth, dtype=float)
-    return w / w.sum()
-
-
 def deep_pack_loss(
     model, layers: torch.nn.ModuleList, head: torch.Tensor, c: CachedPack, objective: str, weights: np.ndarray
 ) -> tuple[torch.Tensor, torch.Tensor, list[float]]:
@@ -307,7 +306,7 @@ def train_head(
     objective: str = "distill",
     progress: bool = True,
     depth: int = 1,
-    depth_decay: float = 0.6,
+    depth_decay: float = DEPTH_DECAY,
     vocab_topk: int = 0,
 ) -> tuple[Path, list[dict], float]:
     """Train the MTP layers of ``ckpt`` on ``samples`` (trunk, embeddings and LM head frozen) and write the checkpoint

@@ -18,6 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from mtp import MTP_OBJECTIVES
+from mtp.loss import DEPTH_DECAY
 from recipe.paths import REPO_ROOT
 
 # the held-out sampled-draft acceptance `make mtp-head` must reach (T=1): below it the head is reported as weak
@@ -80,7 +81,9 @@ def main() -> None:
         "--depth", type=int, default=1,
         help="draft tokens per step the head is trained for and measured at (its one layer run on its own output)",
     )  # fmt: skip
-    parser.add_argument("--depth-decay", type=float, default=0.6, help="depth d's loss weight: decay ** (d - 1)")
+    parser.add_argument(
+        "--depth-decay", type=float, default=DEPTH_DECAY, help="depth d's loss weight: decay ** (d - 1)"
+    )
     parser.add_argument(
         "--vocab-topk", type=int, default=0,
         help="score the loss over the union of the target's top-k tokens (0: the whole vocabulary)",

@@ -18,6 +18,7 @@ from omegaconf import DictConfig
 
 from mtp import warm_up_group
 from mtp.loss import (
+    depth_weights,
     draft_vocabulary,
     mtp_loss,
     mtp_targets,
@@ -122,11 +123,12 @@ def forward_rows(
     mtp_fraction: float = 1.0,
     mtp_objective: str = "sampled",
     mtp_vocab_topk: int = 0,
+    mtp_depth: int = 1,
 ) -> ForwardOut:
     """Response-token log-probs (and the MTP loss of ``mtp_objective`` on the same forward, inputs detached, over a
     random ``mtp_fraction`` of the sequences it trains, scored over :func:`~mtp.loss.draft_vocabulary` of this
     forward's logits with ``mtp_vocab_topk``, else the whole vocabulary; all but ``sampled`` take their teacher from
-    this forward's logits)."""
+    this forward's logits; with ``mtp_depth`` > 1 over the depths of the head's draft chain, :func:`deep_head_loss`)."""
     rows = pack_rows(batch)
     width = batch.batch["responses"].shape[1]
     mtp_positions = mtp_target_ids = None
@@ -143,7 +145,11 @@ def forward_rows(
         token_logp = logp_all.gather(-1, targets[:, None]).squeeze(-1)
         entropy = -(logp_all.exp() * logp_all).sum(-1)
         head_loss = head_acc = None
-        if with_mtp:
+        if with_mtp and mtp_depth > 1:
+            head_loss, head_acc = deep_head_loss(
+                model, out, rows, mtp_positions, logits.detach(), temperature, mtp_objective, mtp_vocab_topk, mtp_depth
+            )
+        elif with_mtp:
             # the policy's distribution of token t+2 (the teacher) is its output at t+1
             head_loss, head_acc = head_loss_at(
                 model, out, rows.cu_seqlens, mtp_positions, mtp_target_ids, logits.detach()[mtp_positions + 1],
@@ -176,6 +182,43 @@ def head_loss_at(
     (head,) = model.draft_logits(out, cu_seqlens, mtp_positions=mtp_positions, vocab=vocab, prompts=prompts)
     teacher = policy_next if objective != "sampled" else None
     return mtp_loss(objective, head / temperature, targets, teacher, vocab)
+
+
+def deep_head_loss(
+    model: MiMoForCausalLM,
+    out: MiMoOutput,
+    rows: PackedRows,
+    anchors: torch.Tensor,
+    policy_logits: torch.Tensor,
+    temperature: float,
+    objective: str,
+    vocab_topk: int,
+    depth: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The online MTP loss of a head that drafts ``depth`` tokens a step (its layer run on its own output,
+    :func:`mtp.model.run_mtp_unrolled`): at each depth d, :func:`~mtp.loss.mtp_loss` at the ``anchors`` where depth d
+    trains (tokens t+1..t+d+1 are response tokens), against the policy's distribution of token t+d+1 (its tempered
+    ``policy_logits`` at t+d), weighted by :func:`~mtp.loss.depth_weights`; and depth 1's top-1 accuracy."""
+    last = policy_logits.shape[0] - 1
+    ahead = [(anchors + d).clamp(max=last) for d in range(1, depth + 1)]
+    labels = [
+        mtp_targets(rows.input_ids, rows.response_mask, rows.cu_seqlens, depth=d - 1) for d in range(1, depth + 1)
+    ]
+    vocab = None
+    if vocab_topk:
+        drafted = torch.cat([t[anchors] for t, _ in labels])
+        vocab = draft_vocabulary(torch.cat([policy_logits[a] for a in ahead]), drafted, vocab_topk)
+    logits = model.draft_logits(out, rows.cu_seqlens, mtp_positions=anchors, vocab=vocab, depth=depth)
+    total, acc = policy_logits.new_zeros(()), policy_logits.new_zeros(())
+    for d, (weight, head, at, (targets, mask)) in enumerate(
+        zip(depth_weights(depth), logits, ahead, labels, strict=True), start=1
+    ):
+        valid = mask[anchors].bool()
+        teacher = policy_logits[at][valid] if objective != "sampled" else None
+        loss, top1 = mtp_loss(objective, head[valid] / temperature, targets[anchors][valid], teacher, vocab)
+        total = total + float(weight) * loss
+        acc = top1 if d == 1 else acc
+    return total, acc
 
 
 def packed_trunk_states(batch, rows: PackedRows, dtype: torch.dtype) -> torch.Tensor:
@@ -312,7 +355,7 @@ class Actor:
     ppo mini-batches, and the online MTP loss on the same forward (``spec=mtp``, ``spec.mtp.train=online``).
     The trainer and recipe/bench/mtp_overhead.py both run this update."""
 
-    def __init__(self, policy: MiMoForCausalLM, cfg: DictConfig):
+    def __init__(self, policy: MiMoForCausalLM, cfg: DictConfig, mtp_depth: int = 1):
         from verl.trainer.ppo.core_algos import get_policy_loss_fn
         from verl.workers.config import ActorConfig
 
@@ -323,6 +366,7 @@ class Actor:
         # only spec=mtp configs carry spec.mtp (a frozen head logs its loss under the same objective)
         self.mtp_objective = str(cfg.spec.mtp.objective) if self.spec_method in HEAD_METHODS else "sampled"
         self.mtp_vocab_topk = int(cfg.spec.mtp.loss_vocab_topk) if self.spec_method in HEAD_METHODS else 0
+        self.mtp_depth = mtp_depth  # the head's draft chain the loss trains (recipe.engine.head_draft_depth)
         # the rollout hands the left-out rows' teacher over with their trunk states: the shortlist and the normaliser
         # (head_loss_rows), so the head's steps on them never run the LM head over the whole vocabulary
         self.rollout_teacher_topk = self.mtp_vocab_topk if self.head_trains_on_dropped else 0
@@ -432,7 +476,7 @@ class Actor:
             for i in range(0, len(batch), micro):
                 out = forward_rows(
                     self.policy, batch[i : i + micro], temperature, with_mtp=frozen_head, grad=False,
-                    mtp_objective=self.mtp_objective, mtp_vocab_topk=self.mtp_vocab_topk,
+                    mtp_objective=self.mtp_objective, mtp_vocab_topk=self.mtp_vocab_topk, mtp_depth=self.mtp_depth,
                 )  # fmt: skip
                 olds.append(out.log_probs)
                 if out.mtp_loss is not None:
@@ -459,7 +503,7 @@ class Actor:
                     for mb, share in micros:
                         out = forward_rows(
                             self.policy, mb, temperature, with_mtp=self.mtp_online, mtp_fraction=mtp_fraction,
-                            mtp_objective=self.mtp_objective, mtp_vocab_topk=self.mtp_vocab_topk,
+                            mtp_objective=self.mtp_objective, mtp_vocab_topk=self.mtp_vocab_topk, mtp_depth=self.mtp_depth,
                         )  # fmt: skip
                         mask = mb.batch["response_mask"]
                         pg_loss, pg_metrics = self.policy_loss(

@@ -48,6 +48,7 @@ from recipe.dapo.run_dir import (
     write_history,
 )
 from recipe.dapo.timeline import step_rollout_metrics, timed, timeline_path
+from recipe.engine import head_draft_depth
 from recipe.evaluate import by_data_source
 
 logger = logging.getLogger(__name__)
@@ -76,7 +77,9 @@ class DAPOTrainer:
         self._seed_everything(self.seed)
         model_path = verl_cfg.actor_rollout_ref.model.path
 
-        self.actor = Actor(load_checkpoint(model_path, dtype=torch.float32), cfg)
+        self.actor = Actor(
+            load_checkpoint(model_path, dtype=torch.float32), cfg, head_draft_depth(cfg.spec, model_path)
+        )
         self.policy = self.actor.policy
 
         self.engine: Rollout = rollout_engine(cfg, model_path, self.actor.rollout_teacher_topk)

@@ -9,12 +9,11 @@ import pytest
 import torch
 
 from mtp.checkpoint import load_checkpoint, save_checkpoint
-from mtp.loss import draft_vocabulary, expected_acceptance, objective_loss
+from mtp.loss import depth_weights, draft_vocabulary, expected_acceptance, objective_loss
 from mtp.model import MiMoConfig, MiMoForCausalLM
 from recipe.head_training import (
     cache_trunk,
     deep_pack_loss,
-    depth_weights,
     draft_and_target,
     held_out_acceptance,
     load_samples,

@@ -938,3 +938,34 @@ def test_fused_qkv_reads_back_as_the_hf_projections_under_megatrons_grouped_spli
     q, k, v = mixed.view(5, groups, (per + 2) * hd).split([per * hd, hd, hd], dim=-1)
     for got, expected in zip((q, k, v), want, strict=True):
         assert torch.allclose(got.reshape(5, -1), expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("objective", ["sampled", "acceptance"])
+def test_a_deep_online_head_trains_its_chain_and_leaves_the_policys_update(objective):
+    """``mtp_depth`` 3 (the head drafts three tokens a step): the policy ends bit for bit where a frozen head leaves it,
+    the head moves, and its loss is not the one-token loss (the deeper depths count); at depth 1 the deep loss is the
+    one-token loss of the same forward."""
+    from recipe.dapo.policy import deep_head_loss, forward_rows, pack_rows
+
+    batch = two_group_batch()
+    base = tiny_model(seed=3)
+    overrides = (*UPDATE_OVERRIDES, f"spec.mtp.objective={objective}")
+    frozen = dapo_actor(copy.deepcopy(base), "frozen", *overrides)
+    frozen.update(copy.deepcopy(batch), {})
+    deep = dapo_actor(copy.deepcopy(base), "online", *overrides)
+    deep.mtp_depth = 3
+    metrics = deep.update(copy.deepcopy(batch), {})
+    for name, value in deep.policy.state_dict().items():
+        if name.startswith("model.mtp_layers."):
+            assert not torch.equal(value, base.state_dict()[name]), name
+        else:
+            assert torch.equal(value, frozen.policy.state_dict()[name]), name
+    one = dapo_actor(copy.deepcopy(base), "online", *overrides).update(copy.deepcopy(batch), {})
+    assert metrics["mtp/head_loss"] != pytest.approx(one["mtp/head_loss"])
+    with torch.no_grad():
+        shallow = forward_rows(base, batch, 1.0, with_mtp=True, grad=False, mtp_objective=objective)
+        rows = pack_rows(batch)
+        out = base(rows.input_ids, rows.cu_seqlens, with_mtp=False)
+        _, trained = mtp_targets(rows.input_ids, rows.response_mask, rows.cu_seqlens, depth=0)
+        loss, _ = deep_head_loss(base, out, rows, trained.nonzero().squeeze(-1), out.logits, 1.0, objective, 0, 1)
+    assert loss.item() == pytest.approx(shallow.mtp_loss.item(), rel=1e-5)

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mtp.loss import mtp_targets
+from mtp.loss import depth_weights, mtp_targets
 from mtp.model import (
     MiMoConfig,
     MiMoForCausalLM,
@@ -21,7 +21,6 @@ from mtp.model import (
     run_mtp_layers,
     run_mtp_unrolled,
 )
-from recipe.head_training import depth_weights
 
 
 def model_and_stream(lengths: list[int], seed: int = 0) -> tuple[MiMoForCausalLM, torch.Tensor, torch.Tensor]:
