@@ -528,14 +528,18 @@ SPEC_NAMES = {  # the rows of a pooled table by the spec= option each engine ran
 def rollout_row(summaries: list[dict], extra_medians: Sequence[str] = ()) -> dict[str, float]:
     """A mode's columns of ``rollout_e2e.csv`` from its rollouts' summaries: medians over the rollouts (NaN where a
     rollout has no tail, or was logged before a key existed) and acceptance and drafting pooled over all of them;
-    ``extra_medians``: more summary keys, as medians."""
+    ``extra_medians``: more summary keys, as medians; and each depth's acceptance, pooled
+    (:func:`recipe.dapo.timeline.accept_rates_by_depth`)."""
+    from recipe.dapo.timeline import accept_rates_by_depth
 
     def median(key: str) -> float:
         return float(np.nanmedian([s.get(key, math.nan) for s in summaries]))
 
     def total(key: str) -> float:
-        return float(np.nansum([s[key] for s in summaries]))
+        return float(np.nansum([s.get(key, math.nan) for s in summaries]))
 
+    depths = {k for s in summaries for k in s if k.startswith("accepted_pos_")}
+    counts = {"drafts": total("drafts"), **{k: total(k) for k in depths}}
     return {
         "tokens": median("tokens"),
         "rollout_s": median("rollout_time_s"),
@@ -547,8 +551,19 @@ def rollout_row(summaries: list[dict], extra_medians: Sequence[str] = ()) -> dic
         "tail_tokens_per_request_step": median("tail_tokens_per_request_step"),
         "acceptance": total("accepted_tokens") / max(total("draft_tokens"), 1.0),
         "draft_tokens_per_token": total("draft_tokens") / max(total("tokens"), 1.0),
+        **accept_rates_by_depth(counts),
         **{key: median(key) for key in extra_medians},
     }
+
+
+def write_rows(path: Path, rows: list[dict]) -> None:
+    """``rows`` as a csv, its columns every row's keys in first-seen order (modes draft to different depths: a depth a
+    mode never reached is left empty)."""
+    columns = list(dict.fromkeys(k for row in rows for k in row))
+    with open(path, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in row.items()} for row in rows)
 
 
 def pooled_rows(runs: dict[str, list[dict | None]], tail_runs: dict[str, list[dict | None]] | None) -> list[dict]:
@@ -586,6 +601,8 @@ def pooled_rows(runs: dict[str, list[dict | None]], tail_runs: dict[str, list[di
         }
         if tail_runs is not None:
             row.update(versus(tail_runs, name, "tail_run_"))
+            tail_kept = [t for t in tail_runs.get(name, []) if t is not None]
+            row["tail_run_tokens_per_request_step"] = rollout_row(tail_kept)["tokens_per_request_step"]
         rows.append(row)
     return rows
 
@@ -642,11 +659,7 @@ def write_pooled(out: Path, paths: list[Path], tail_paths: list[Path] | None) ->
         lines += [f"# Same-token pairs, pooled from {sources}", *same_token_pairs(runs), *rival_pairs(runs),
                   *head_share_table(drafted), ""]  # fmt: skip
     (out / "same_token_pairs.md").write_text("\n".join(lines))
-    rows = pooled_rows(pools["rollouts.jsonl"], pools.get("rollouts_tail.jsonl"))
-    with open(out / "rollout_e2e.csv", "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in row.items()} for row in rows)
+    write_rows(out / "rollout_e2e.csv", pooled_rows(pools["rollouts.jsonl"], pools.get("rollouts_tail.jsonl")))
     print("\n".join(lines))
 
 
@@ -817,10 +830,7 @@ def main() -> None:
         engine.close()
     base = rows[0] if rows[0]["mode"] == "off" else None
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / "rollout_e2e.csv", "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    write_rows(out / "rollout_e2e.csv", rows)
     model_arg = f"--model {args.model} " if args.model else ""
     lines = [
         f"# End-to-end rollouts with vLLM CPU on {args.model or 'the embedded base model'}",

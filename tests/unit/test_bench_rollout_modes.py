@@ -236,3 +236,30 @@ def test_pooled_runs_say_which_source_the_hybrid_drafted_from_in_each_band(tmp_p
     text = (tmp_path / "out" / "same_token_pairs.md").read_text()
     assert "| hybrid | 1.00 | 0.40 | - | - | - | - |" in text
     assert "| off | " not in text.split("MTP head's share")[1]
+
+
+def test_the_pooled_table_has_each_depths_acceptance_and_the_one_prompt_runs_tokens_per_request_step(tmp_path) -> None:
+    """Per-depth acceptance pools the rollouts' counts (accepted at depth k over those that reached it); a mode that
+    drafted shallower leaves the deeper columns empty; the one-prompt runs give ``tail_run_tokens_per_request_step``."""
+    import csv
+
+    base = {"rollout_time_s": 1.0, "tokens_per_request_step": 1.0, "draft_tokens": 0, "accepted_tokens": 0}
+    head = {**base, "tokens": 20, "drafts": 10, "draft_tokens": 30, "accepted_tokens": 11}
+    rollouts = [
+        {"repeat": 0, "mode": "off", "tokens": 10, "drafts": 0, **base},
+        {"repeat": 0, "mode": "mtp/k3", **head, "accepted_pos_1": 6, "accepted_pos_2": 3, "accepted_pos_3": 2},
+        {"repeat": 0, "mode": "sam", "tokens": 12, **base, "drafts": 4, "accepted_pos_1": 1},
+        {"repeat": 1, "mode": "off", "tokens": 10, "drafts": 0, **base},
+        {"repeat": 1, "mode": "mtp/k3", **head, "accepted_pos_1": 4, "accepted_pos_2": 3, "accepted_pos_3": 0},
+        {"repeat": 1, "mode": "sam", "tokens": 12, **base, "drafts": 4, "accepted_pos_1": 3},
+    ]
+    tail = [{**r, "tokens_per_request_step": 2.5 if r["mode"] == "mtp/k3" else 1.0} for r in rollouts]
+    for name, rows in (("main.jsonl", rollouts), ("tail.jsonl", tail)):
+        (tmp_path / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    bench_rollout.write_pooled(tmp_path / "out", [tmp_path / "main.jsonl"], [tmp_path / "tail.jsonl"])
+    with open(tmp_path / "out" / "rollout_e2e.csv") as fh:
+        table = {row["mode"]: row for row in csv.DictReader(fh)}
+    mtp, sam = table["mtp/k3"], table["sam"]
+    assert [float(mtp[f"accept_rate_pos_{k}"]) for k in (1, 2, 3)] == pytest.approx([10 / 20, 6 / 10, 2 / 6], rel=1e-3)
+    assert float(sam["accept_rate_pos_1"]) == pytest.approx(4 / 8) and sam["accept_rate_pos_2"] == ""
+    assert float(mtp["tail_run_tokens_per_request_step"]) == 2.5
