@@ -41,18 +41,23 @@ install-suffix: $(SUFFIX_STAMP)
 base: $(STAMP)
 	$(BIN)/python -m recipe.sft
 
-# SmolLM2's MTP head (the checkpoint `spec=mtp` and `spec=hybrid` load on the real model): grafted, distilled on
-# 2,048 of the model's own T=1 samples, then fine-tuned on sum(min(p, q)); the second stage reuses the first's
-# cached samples and writes the held-out acceptance next to the head (acceptance.json) and results/real/mtp_head.
+# SmolLM2's MTP head, drafting MTP_HEAD_DEPTH tokens a step (its layer run on its own output): grafted, then distilled
+# on 2,048 of the model's own T=1 samples at every depth of its chain (the loss over a top-32 shortlist), its held-out
+# acceptance per depth measured in vLLM (acceptance.json, results/real/mtp_head). The head ships built: its layer's
+# weights are recipe/heads/smollm2-135m-instruct-mtp.safetensors, which `actor_rollout_ref.model.path=
+# smollm2-135m-instruct-mtp` (+experiment=smollm2) grafts onto the built-in model; this target rebuilds it and
+# replaces the shipped file.
 MTP_HEAD := artifacts/models/smollm2-135m-instruct-mtp
+MTP_HEAD_DEPTH := 4
+SHIPPED_HEAD := recipe/heads/smollm2-135m-instruct-mtp
 MTP_HEAD_DATA := --train-prompts 512 --n 4 --max-tokens 256 --seed 0
 mtp-head: $(MTP_HEAD)/acceptance.json
 
 $(MTP_HEAD)/acceptance.json: $(STAMP)
-	$(BIN)/python -m recipe.mtp_head $(MTP_HEAD_DATA) --epochs 3 --lr 0.001 --objective distill \
-		--eval-prompts 16 --eval-n 2 --head-out $(MTP_HEAD)-distill --out $(MTP_HEAD)-distill/report
-	$(BIN)/python -m recipe.mtp_head $(MTP_HEAD_DATA) --epochs 2 --lr 0.0003 --objective acceptance \
-		--init-from $(MTP_HEAD)-distill --eval-prompts 48 --head-out $(MTP_HEAD) --out results/real/mtp_head
+	$(BIN)/python -m recipe.mtp_head $(MTP_HEAD_DATA) --epochs 2 --lr 0.001 --objective distill --depth $(MTP_HEAD_DEPTH) \
+		--vocab-topk 32 --eval-prompts 32 --eval-n 4 --head-out $(MTP_HEAD) --out results/real/mtp_head
+	$(BIN)/python -m mtp.graft --export $(MTP_HEAD) $(SHIPPED_HEAD).safetensors
+	cp $(MTP_HEAD)/acceptance.json $(SHIPPED_HEAD).acceptance.json
 
 demo: $(STAMP)
 	$(BIN)/python -m recipe.dapo

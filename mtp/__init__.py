@@ -7,6 +7,8 @@ MTP_LOSS_FRACTION_KEY = "mtp_loss_sequence_fraction"  # spec.mtp.loss_sequence_f
 # HF config (actor_rollout_ref.model.override_config), where verl_fsdp.py's model reads it
 MTP_OBJECTIVE_KEY = "mtp_loss_objective"  # spec.mtp.objective, carried to verl_fsdp.py's model the same way
 MTP_VOCAB_TOPK_KEY = "mtp_loss_vocab_topk"  # spec.mtp.loss_vocab_topk, carried the same way
+MTP_DEPTH_KEY = "mtp_loss_depth"  # the head's draft chain its online loss trains (recipe.engine.head_draft_depth),
+# carried the same way
 MTP_OBJECTIVES = ("sampled", "distill", "acceptance")  # spec.mtp.objective's values: what the online loss matches
 # (mtp/loss.py); every one but sampled reads the policy's own distribution of the drafted token
 MTP_LR_WARMUP_KEY = "mtp_lr_warmup_steps"  # spec.mtp.lr_warmup_steps, beside MTP_LR_KEY among veRL's optimizer

@@ -70,6 +70,34 @@ def depth_weights(depth: int, decay: float = DEPTH_DECAY) -> np.ndarray:
     return w / w.sum()
 
 
+def chain_loss(
+    objective: str,
+    logits: list[torch.Tensor],
+    anchors: torch.Tensor,
+    labels: list[tuple[torch.Tensor, torch.Tensor]],
+    teachers: list[torch.Tensor | None],
+    temperatures: list[torch.Tensor | float],
+    vocab: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The online MTP loss of a head's draft chain: at each depth d, :func:`mtp_loss` at the ``anchors`` where depth d
+    trains (``labels[d-1]``: :func:`mtp_targets` with ``depth=d-1`` over the stream), the head's ``logits[d-1]`` (at the
+    anchors) and the policy's ``teachers[d-1]`` (its logits for the token drafted at depth d, at the anchors; None for
+    ``sampled``) divided by ``temperatures[d-1]`` (a number, or per anchor [P, 1]), weighted by :func:`depth_weights`;
+    and depth 1's top-1 accuracy. Both backends' online losses (recipe/dapo/policy.py, mtp/verl_fsdp.py)."""
+    total = logits[0].new_zeros((), dtype=torch.float32)
+    acc = total
+    for d, (weight, head, (targets, mask), teacher, temperature) in enumerate(
+        zip(depth_weights(len(logits)), logits, labels, teachers, temperatures, strict=True), start=1
+    ):
+        valid = mask[anchors].bool()
+        temp = temperature[valid] if isinstance(temperature, torch.Tensor) else temperature
+        teacher = None if teacher is None else teacher[valid]
+        loss, top1 = mtp_loss(objective, head[valid] / temp, targets[anchors][valid], teacher, vocab)
+        total = total + float(weight) * loss
+        acc = top1 if d == 1 else acc
+    return total, acc
+
+
 def sequence_of(positions: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
     """The index of the sequence each stream position lies in."""
     return torch.searchsorted(cu_seqlens[1:].to(positions.device), positions, right=True)

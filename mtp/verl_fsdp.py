@@ -39,6 +39,7 @@ from verl.workers.engine.base import EngineRegistry
 from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
 
 from mtp import (
+    MTP_DEPTH_KEY,
     MTP_LOSS_FRACTION_KEY,
     MTP_LR_KEY,
     MTP_LR_WARMUP_KEY,
@@ -46,8 +47,16 @@ from mtp import (
     MTP_VOCAB_TOPK_KEY,
     warm_up_group,
 )
-from mtp.loss import draft_vocabulary, mtp_loss, mtp_targets, sample_sequences
-from mtp.model import MiMoConfig, MTPLayer, packed_positions, rope_cos_sin, run_mtp_layers, shared_prompts
+from mtp.loss import chain_loss, draft_vocabulary, mtp_loss, mtp_targets, sample_sequences
+from mtp.model import (
+    MiMoConfig,
+    MTPLayer,
+    packed_positions,
+    rope_cos_sin,
+    run_mtp_layers,
+    run_mtp_unrolled,
+    shared_prompts,
+)
 
 
 class MiMoMTPForCausalLM(Qwen2ForCausalLM):
@@ -99,6 +108,14 @@ class MiMoMTPForCausalLM(Qwen2ForCausalLM):
             # gather is a copy, so the temperature divides it in place
             rows = at + 1 if mask is None else mask.flatten().nonzero().squeeze(-1)[at + 1]
             policy_next = out.logits.detach().flatten(0, 1)[rows].float().div_(temperature)
+        depth = int(getattr(self.config, MTP_DEPTH_KEY, 1))
+        if depth > 1:
+            head_loss, head_acc = self._chain_loss(
+                out, mask, hidden, embeds, head, mtp_batch, at, objective, vocab_topk, depth
+            )
+            self.mtp_result = (head_loss.detach(), head_acc)
+            out.logits = AddLossInBackward.apply(out.logits, head_loss, mtp_batch["loss_weight"])
+            return out
         if vocab_topk:
             vocab = draft_vocabulary(policy_next, targets[at], vocab_topk)
             head = head[vocab]
@@ -113,6 +130,32 @@ class MiMoMTPForCausalLM(Qwen2ForCausalLM):
         # forward's outputs, and a loss kept aside would run its backward on freed parameter storage
         out.logits = AddLossInBackward.apply(out.logits, head_loss, mtp_batch["loss_weight"])
         return out
+
+    def _chain_loss(self, out, mask, hidden, embeds, head, mtp_batch, at, objective, vocab_topk, depth):
+        """:func:`mtp.loss.chain_loss` of a head that drafts ``depth`` tokens a step, its one layer run on its own output
+        (:func:`mtp.model.run_mtp_unrolled`) at the anchors ``at``: depth d's teacher is the policy's logits at t+d, at
+        the rollout temperature there."""
+        ids, cu_seqlens = mtp_batch["input_ids"], mtp_batch["cu_seqlens"]
+        last = ids.shape[0] - 1
+        ahead = [(at + d).clamp(max=last) for d in range(1, depth + 1)]
+        temperatures = [mtp_batch["temperature"][a, None] for a in ahead]
+        flat = out.logits.detach().flatten(0, 1)
+        stream = None if mask is None else mask.flatten().nonzero().squeeze(-1)
+        teachers = [
+            flat[a if stream is None else stream[a]].float().div_(t) for a, t in zip(ahead, temperatures, strict=True)
+        ]
+        labels = [mtp_targets(ids, mtp_batch["response_mask"], cu_seqlens, depth=d) for d in range(depth)]
+        vocab = None
+        if vocab_topk:
+            vocab = draft_vocabulary(torch.cat(teachers), torch.cat([t[at] for t, _ in labels]), vocab_topk)
+            head = head[vocab]
+        positions = packed_positions(cu_seqlens, ids.shape[0])
+        logits = run_mtp_unrolled(
+            self.model.mtp_layers[0], hidden, embeds, head, cu_seqlens, positions,
+            lambda p: rope_cos_sin(p, self.mimo.head_dim, self.mimo.rope_theta), depth, mtp_positions=at,
+        )  # fmt: skip
+        teachers = teachers if objective != "sampled" else [None] * depth
+        return chain_loss(objective, logits, at, labels, teachers, temperatures, vocab)
 
 
 class AddLossInBackward(torch.autograd.Function):
@@ -272,10 +315,11 @@ def cpu_actor_engine(
     loss_sequence_fraction: float = 1.0,
     objective: str = "sampled",
     vocab_topk: int = 0,
+    depth: int = 1,
 ) -> FSDPEngineWithLMHead:
     """veRL's FSDP2 actor engine for ``checkpoint`` built as the veRL backend's CPU actor builds it (fp32, SDPA,
     padded layout), with the MTP head trained online (on ``loss_sequence_fraction`` of the sequences, scored over the
-    vocabulary or ``vocab_topk``'s shortlist of it) or not and veRL's
+    vocabulary or ``vocab_topk``'s shortlist of it, over a draft chain ``depth`` deep) or not and veRL's
     ``FSDPOptimizerConfig`` ``optimizer``; initialized. For the tests and the overhead benchmark, which run one engine
     in a process of their own."""
     from verl.trainer.config.config import CheckpointConfig
@@ -292,6 +336,7 @@ def cpu_actor_engine(
             MTP_LOSS_FRACTION_KEY: loss_sequence_fraction,
             MTP_OBJECTIVE_KEY: objective,
             MTP_VOCAB_TOPK_KEY: vocab_topk,
+            MTP_DEPTH_KEY: depth,
         },
         external_lib="mtp.verl_fsdp",
         mtp=MtpConfig(

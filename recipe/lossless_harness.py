@@ -101,8 +101,10 @@ GREEDY_PROMPTS = [
 
 
 def _hybrid_drafted(worker) -> list[int]:
-    """Runs in a vLLM worker: the hybrid drafter's draft tokens sent so far, by source (sam.hybrid.SOURCES)."""
-    return worker.model_runner.drafter.drafted.tolist()
+    """Runs in a vLLM worker: the hybrid drafter's draft tokens sent so far, by source (sam.hybrid.SOURCES), then its
+    head chains sent so far by length (0, 1, 2, ...)."""
+    drafter = worker.model_runner.drafter
+    return drafter.drafted.tolist() + drafter.head_chains.tolist()
 
 
 def sample_vllm_inprocess(
@@ -115,8 +117,9 @@ def sample_vllm_inprocess(
     from recipe.dapo.config import spec_group
     from recipe.engine import EngineOptions, make_llm, spec_counters, spec_from_config
 
-    # the hybrid at K=2: SAM's drafts are short enough that the head's one token wins many rows
-    k = {"mtp": 1, "hybrid": 2}.get(method, k)
+    # the head drafts chains (its layer run on its own output): two tokens alone, up to three in the hybrid at K=3,
+    # where SAM's drafts are short enough that the head's chain wins many rows
+    k = {"mtp": 2, "hybrid": 3}.get(method, k)
     spec, extra = spec_from_config(spec_group(method, num_speculative_tokens=k))
     # the harness tests verification, which needs drafts everywhere: SAM sends every draft the match rules give
     # (payoff off); the hybrid, whose payoff rule picks each row's source, prices drafts as nearly free and starts
@@ -125,7 +128,7 @@ def sample_vllm_inprocess(
         extra = {"sam": {"batch_threshold": 1 << 20, "min_match": 1, "payoff": False}}
     if method == "hybrid":
         extra["sam"].update(batch_threshold=1 << 20, min_match=1, payoff_cost=[0.01, 0.001, 1e-6, 0.0, 0.0])
-        extra["hybrid"].update(head_acceptance=0.9, head_cost=0.0)
+        extra["hybrid"].update(head_acceptance=0.9, head_cost=0.0, head_depth=3)
     llm = make_llm(model, spec, EngineOptions(max_model_len=512, seed=seed, dtype=dtype), additional_config=extra)
     prompt = TokensPrompt(prompt_token_ids=prompt_ids(model))
     result = {}
@@ -138,7 +141,7 @@ def sample_vllm_inprocess(
         result[setting.name + "_accepted"] = np.array(
             [counters.num_drafts, counters.num_draft_tokens, counters.num_accepted_tokens]
         )
-        if method == "hybrid":  # draft tokens sent by source (head, SAM) in this setting's samples
+        if method == "hybrid":  # draft tokens sent by source (head, SAM), then head chains by length, in this setting
             sent = np.array(llm.collective_rpc(_hybrid_drafted)[0])
             result[setting.name + "_sources"] = sent - sum(
                 (v for key, v in result.items() if key.endswith("_sources")), np.zeros_like(sent)

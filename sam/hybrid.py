@@ -272,6 +272,7 @@ class HybridProposer(EagleProposer):
         self._head_runs = np.zeros(2)
         self.drafted = np.zeros(len(SOURCES), dtype=np.int64)  # draft tokens sent, by source
         self.accepted = np.zeros(len(SOURCES), dtype=np.int64)  # ... and accepted
+        self.head_chains = np.zeros(self.head.depth + 1, dtype=np.int64)  # head chains sent, by length
         self.head_steps = 0  # steps where the head sampled
         self.steps = 0
         self.counts_log = CountsLog()  # beside a veRL server's timeline, where the trainer reads the counts
@@ -368,6 +369,7 @@ class HybridProposer(EagleProposer):
             self.head_steps += 1
             for r in np.flatnonzero(head_rows).tolist():
                 drafts[r] = head_ids[r][: int(sam.head_lengths[r])]
+                self.head_chains[len(drafts[r])] += 1
             probs = self._last_draft_probs
             if probs is not None:
                 self._last_draft_probs = RowDraftProbs(

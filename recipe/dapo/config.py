@@ -13,6 +13,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from mtp import (
+    MTP_DEPTH_KEY,
     MTP_LOSS_FRACTION_KEY,
     MTP_LR_KEY,
     MTP_LR_WARMUP_KEY,
@@ -20,7 +21,7 @@ from mtp import (
     MTP_OBJECTIVES,
     MTP_VOCAB_TOPK_KEY,
 )
-from recipe.engine import HEAD_METHODS, K_BY_BATCH_KEY, SAM_METHODS, SPEC_METHODS
+from recipe.engine import HEAD_METHODS, K_BY_BATCH_KEY, SAM_METHODS, SPEC_METHODS, head_draft_depth
 from recipe.paths import REPO_ROOT
 
 RECIPE_GROUPS = ("backend", "spec", "recipe")  # top-level keys that are the recipe's, not veRL's
@@ -559,6 +560,12 @@ def verl_config(cfg: DictConfig, model: str, train: str, val: str, device: str) 
                 if OmegaConf.select(out, key)
             },
             **spec_overrides(cfg.spec),
+            # the depth of the head's draft chain the online loss trains: the model's, so not spec_overrides'
+            **(
+                {f"+actor_rollout_ref.model.override_config.{MTP_DEPTH_KEY}": head_draft_depth(cfg.spec, model)}
+                if str(cfg.spec.method) in HEAD_METHODS and cfg.spec.mtp.train == "online"
+                else {}
+            ),
         },
     )
     return out

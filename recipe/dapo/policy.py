@@ -18,7 +18,7 @@ from omegaconf import DictConfig
 
 from mtp import warm_up_group
 from mtp.loss import (
-    depth_weights,
+    chain_loss,
     draft_vocabulary,
     mtp_loss,
     mtp_targets,
@@ -196,29 +196,18 @@ def deep_head_loss(
     depth: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The online MTP loss of a head that drafts ``depth`` tokens a step (its layer run on its own output,
-    :func:`mtp.model.run_mtp_unrolled`): at each depth d, :func:`~mtp.loss.mtp_loss` at the ``anchors`` where depth d
-    trains (tokens t+1..t+d+1 are response tokens), against the policy's distribution of token t+d+1 (its tempered
-    ``policy_logits`` at t+d), weighted by :func:`~mtp.loss.depth_weights`; and depth 1's top-1 accuracy."""
+    :func:`mtp.model.run_mtp_unrolled`) at ``anchors``, :func:`~mtp.loss.chain_loss`: the token drafted at depth d
+    against the policy's distribution of it (its tempered ``policy_logits`` at t+d), over the whole vocabulary or,
+    with ``vocab_topk``, :func:`~mtp.loss.draft_vocabulary` of every depth's teacher."""
     last = policy_logits.shape[0] - 1
-    ahead = [(anchors + d).clamp(max=last) for d in range(1, depth + 1)]
-    labels = [
-        mtp_targets(rows.input_ids, rows.response_mask, rows.cu_seqlens, depth=d - 1) for d in range(1, depth + 1)
-    ]
+    teachers = [policy_logits[(anchors + d).clamp(max=last)] for d in range(1, depth + 1)]
+    labels = [mtp_targets(rows.input_ids, rows.response_mask, rows.cu_seqlens, depth=d) for d in range(depth)]
     vocab = None
     if vocab_topk:
-        drafted = torch.cat([t[anchors] for t, _ in labels])
-        vocab = draft_vocabulary(torch.cat([policy_logits[a] for a in ahead]), drafted, vocab_topk)
+        vocab = draft_vocabulary(torch.cat(teachers), torch.cat([t[anchors] for t, _ in labels]), vocab_topk)
     logits = model.draft_logits(out, rows.cu_seqlens, mtp_positions=anchors, vocab=vocab, depth=depth)
-    total, acc = policy_logits.new_zeros(()), policy_logits.new_zeros(())
-    for d, (weight, head, at, (targets, mask)) in enumerate(
-        zip(depth_weights(depth), logits, ahead, labels, strict=True), start=1
-    ):
-        valid = mask[anchors].bool()
-        teacher = policy_logits[at][valid] if objective != "sampled" else None
-        loss, top1 = mtp_loss(objective, head[valid] / temperature, targets[anchors][valid], teacher, vocab)
-        total = total + float(weight) * loss
-        acc = top1 if d == 1 else acc
-    return total, acc
+    teachers = teachers if objective != "sampled" else [None] * depth
+    return chain_loss(objective, logits, anchors, labels, teachers, [temperature] * depth, vocab)
 
 
 def packed_trunk_states(batch, rows: PackedRows, dtype: torch.dtype) -> torch.Tensor:

@@ -56,8 +56,9 @@ def test_speculative_sampling_is_lossless(samples, method):
         drafts, drafted, accepted = runs[method][s.name + "_accepted"]
         assert drafts > 1000 and accepted > 1000, (method, s, drafts, drafted, accepted)  # drafting really ran
         if method == "hybrid":  # both sources drafted, so batches mixed sampled head drafts with SAM's point masses
-            head, sam = runs[method][s.name + "_sources"]
+            head, sam, *chains = runs[method][s.name + "_sources"]
             assert head > 1000 and sam > 1000, (s, head, sam)
+            assert sum(chains[2:]) > 100, (s, chains)  # head chains deeper than one token (by length: chains)
         vs_off, vs_hf = compare(runs[method][s.name], runs["off"][s.name]), compare(runs[method][s.name], hf[s.name])
         assert vs_off.p_value > ALPHA and vs_hf.p_value > ALPHA, (method, s, vs_off, vs_hf)
 

@@ -38,6 +38,7 @@ def test_the_policy_update_on_verl_fsdp_is_unchanged_by_the_online_head(harness_
     shortlist = update(
         harness_model, tmp_path / "shortlist.pt", "online", "objective=distill", "temperature=0.7", "topk=3"
     )
+    deep = update(harness_model, tmp_path / "deep.pt", "online", "objective=distill", "temperature=0.7", "depth=3")
     start = load_file(harness_model / "model.safetensors")
 
     policy = sorted(frozen["params"])
@@ -86,11 +87,18 @@ def test_the_policy_update_on_verl_fsdp_is_unchanged_by_the_online_head(harness_
     assert abs(shortlist["metrics"]["mtp/loss"] - distill["metrics"]["mtp/loss"]) > 0.01
     for name in policy:
         assert torch.equal(shortlist["params"][name], distill["params"][name]), name
+    # the head's draft chain three deep (the HF config's mtp_loss_depth): the local trainer's chain loss on the same
+    # rows, another value than one token's, the policy's update unchanged
+    assert deep["metrics"]["mtp/loss"] == pytest.approx(local_distill_loss(harness_model, 0.7, depth=3), rel=1e-4)
+    assert abs(deep["metrics"]["mtp/loss"] - distill["metrics"]["mtp/loss"]) > 0.01
+    for name in policy:
+        assert torch.equal(deep["params"][name], distill["params"][name]), name
 
 
-def local_distill_loss(checkpoint: Path, temperature: float, vocab_topk: int = 0) -> float:
+def local_distill_loss(checkpoint: Path, temperature: float, vocab_topk: int = 0, depth: int = 1) -> float:
     """The mean over verl_fsdp_update.py's two micro-batches of the distill loss (mtp.loss.mtp_loss, as the local trainer
-    computes it, over :func:`mtp.loss.draft_vocabulary` with ``vocab_topk``) of the checkpoint on their rows."""
+    computes it, over :func:`mtp.loss.draft_vocabulary` with ``vocab_topk``; over a draft chain ``depth`` deep,
+    recipe.dapo.policy.deep_head_loss) of the checkpoint on their rows."""
     sys.path.insert(0, str(REPO / "tests" / "integration"))
     from verl_fsdp_update import batch
 
@@ -110,6 +118,16 @@ def local_distill_loss(checkpoint: Path, temperature: float, vocab_topk: int = 0
             out = model(ids, cu)
         targets, trained = mtp_targets(ids, mask, cu)
         at = trained.nonzero().squeeze(-1)
+        if depth > 1:
+            from recipe.dapo.policy import PackedRows, deep_head_loss
+
+            rows_ = PackedRows(ids, mask, cu, [], [])
+            with torch.no_grad():
+                loss, _ = deep_head_loss(
+                    model, out, rows_, at, out.logits / temperature, temperature, "distill", vocab_topk, depth
+                )
+            losses.append(float(loss))
+            continue
         policy_next = out.logits[at + 1] / temperature
         vocab = draft_vocabulary(policy_next, targets[at], vocab_topk) if vocab_topk else None
         head = out.mtp_logits[0][at] if vocab is None else out.mtp_logits[0][at][:, vocab]

@@ -1,12 +1,12 @@
 """One DAPO update on veRL's FSDP2 engine (the actor's, as the veRL backend builds it), run in a fresh process:
 ``python tests/integration/verl_fsdp_update.py CHECKPOINT OUT.pt online|frozen [joint] [head_lr=LR] [fraction=F]
-[head_warmup=W] [objective=O] [temperature=T] [topk=K]`` saves the parameters
+[head_warmup=W] [objective=O] [temperature=T] [topk=K] [depth=D]`` saves the parameters
 after one update of a fixed batch, with the MTP head trained online or not. ``joint`` clips the head with the policy (the
 bug the engine's separate clipping prevents), for the test that this would show; ``head_lr`` gives the head its own
 learning rate as the recipe passes ``spec.mtp.lr`` to veRL (the actor's is 1e-2), ``head_warmup`` its warm-up
 (``spec.mtp.lr_warmup_steps``); ``fraction`` trains the head on that share
 of the sequences (``spec.mtp.loss_sequence_fraction``); ``objective`` is ``spec.mtp.objective``; ``temperature`` the
-rollout's (1.0); ``topk`` is ``spec.mtp.loss_vocab_topk``."""
+rollout's (1.0); ``topk`` is ``spec.mtp.loss_vocab_topk``; ``depth`` the head's draft chain the loss trains."""
 
 from __future__ import annotations
 
@@ -76,6 +76,7 @@ def main(checkpoint: str, out: str, train: str, *options: str) -> None:
     objectives = [o.removeprefix("objective=") for o in options if o.startswith("objective=")]
     temperatures = [float(o.removeprefix("temperature=")) for o in options if o.startswith("temperature=")]
     topks = [int(o.removeprefix("topk=")) for o in options if o.startswith("topk=")]
+    depths = [int(o.removeprefix("depth=")) for o in options if o.startswith("depth=")]
     warmups = [int(o.removeprefix("head_warmup=")) for o in options if o.startswith("head_warmup=")]
     extra = {MTP_LR_KEY: head_lrs[-1], **({MTP_LR_WARMUP_KEY: warmups[-1]} if warmups else {})} if head_lrs else None
     if "joint" in options:  # the head's gradients clipped under the policy's norm
@@ -89,6 +90,7 @@ def main(checkpoint: str, out: str, train: str, *options: str) -> None:
         loss_sequence_fraction=fractions[-1] if fractions else 1.0,
         objective=objectives[-1] if objectives else "sampled",
         vocab_topk=topks[-1] if topks else 0,
+        depth=depths[-1] if depths else 1,
     )
     actor = ActorConfig(
         strategy="fsdp2", rollout_n=4, ppo_mini_batch_size=1, ppo_micro_batch_size_per_gpu=2, use_dynamic_bsz=False,
