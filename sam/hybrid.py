@@ -294,6 +294,10 @@ class HybridProposer(EagleProposer):
         }
         return {**self.sam.state_dict(), "head": head}
 
+    def finish_tracked(self) -> None:
+        """SAM's :meth:`~sam.vllm.SAMProposer.finish_tracked` (the head keeps nothing per tracked request)."""
+        self.sam.finish_tracked()
+
     def load_state_dict(self, state: dict) -> None:
         state = dict(state)
         head = state.pop("head", None)  # older checkpoints have none: the head is learned again

@@ -205,23 +205,25 @@ class SAMProposer:
                 now[0] += 0.01 + 0.001 * len(ids) + 0.0001 * twin._last_drafted
                 twin.propose([[t] for t in sampled], num_tokens, token_ids)
         runner.input_batch.req_ids, runner.requests = [], {}
-        twin.state_dict()  # finishes the last requests, files their histories
+        twin.finish_tracked()  # finishes the last requests, files their histories
         return time.perf_counter() - start
 
-    def state_dict(self) -> dict:
-        """Cross-rollout memory (each prompt's lead tokens and history responses, every prompt's responses of the
-        global corpus, the payoff rule's acceptance counts, step-cost fit and last token cost, the step count), for
-        trainer checkpoints.
-
-        Call it between rollouts. vLLM's runner drops a finished request only at the next step, so the requests
-        of a rollout's last steps are still tracked then; they are finished first, as the next
-        rollout's first step would finish them, and the finished rollouts go into their prompts' histories, as their
-        prompts' return would file them, so that a run resumed from this state drafts what an uninterrupted one
-        does."""
+    def finish_tracked(self) -> None:
+        """Finish every tracked request and file the finished rollouts into their prompts' histories: what the next
+        rollout's first step and its prompts' return would do. Call it between rollouts, before :meth:`state_dict`:
+        vLLM's runner drops a finished request only at the next step, so the requests of a rollout's last steps are
+        still tracked then. The next step maps its rows to slots afresh."""
         self.left += self.slot_of.values()
         self.slot_of.clear()
         self._finish_left()
         self.drafter.groups.file_histories()
+        self._rows = None
+
+    def state_dict(self) -> dict:
+        """Cross-rollout memory (each prompt's lead tokens and history responses, every prompt's responses of the
+        global corpus, the payoff rule's acceptance counts, step-cost fit and last token cost, the step count), for
+        trainer checkpoints; reading it changes nothing. After :meth:`finish_tracked` it holds the last rollout too,
+        so that a run resumed from it drafts what an uninterrupted one does."""
         groups = self.drafter.groups.groups
         return {
             "groups": {

@@ -293,6 +293,7 @@ def _drafter_state_on_worker(worker, blob: bytes | None = None) -> bytes | None:
     drafter = getattr(worker.model_runner, "drafter", None)
     if isinstance(getattr(drafter, "sam", drafter), SAMProposer):  # SAM, or spec=hybrid's MTP drafter with its SAM
         if blob is None:
+            drafter.finish_tracked()  # a rollout's last requests, still tracked, go into their prompts' histories
             return pickle.dumps(drafter.state_dict())
         drafter.load_state_dict(pickle.loads(blob))
         return None

@@ -23,6 +23,7 @@ OPTIONS = EngineOptions(max_model_len=256, max_num_seqs=16, dtype="float32", kv_
 def _drafter_state(worker) -> dict:
     """In the engine's worker: SAM's counters and every response its groups hold (finishing the last ones)."""
     proposer = worker.model_runner.drafter
+    proposer.finish_tracked()
     state = proposer.state_dict()
     return {
         "preempted_steps": proposer.preempted_steps,

@@ -6,6 +6,7 @@ in row order and ``requests`` holding every unfinished request's state (its ``ou
 
 import json
 import math
+import pickle
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -106,6 +107,7 @@ class Driver:
 
 def filed_responses(proposer: SAMProposer) -> list[list[int]]:
     """Every response in the prompts' histories, sorted, as a checkpoint holds them (it files the last rollout)."""
+    proposer.finish_tracked()
     return sorted(r.tolist() for _lead, responses in proposer.state_dict()["groups"].values() for r in responses)
 
 
@@ -294,6 +296,7 @@ def test_a_new_request_drafts_its_siblings_opening_from_its_first_step_and_after
     proposer = make_proposer(**opts)
     Driver(proposer, {"a": (prompt, answer)}).run()  # a finished: its response is the prompt's history
     restored = make_proposer(**opts)
+    proposer.finish_tracked()
     restored.load_state_dict(proposer.state_dict())  # what a trainer checkpoint keeps
     store = restored.drafter.groups  # the memory bound counts restored histories as it counts grown ones
     assert store.history_bytes == sum(g.history.nbytes for g in store.groups.values()) > 0
@@ -323,6 +326,11 @@ def test_a_checkpoint_between_rollouts_resumes_the_drafts_of_an_uninterrupted_ru
             drv.step()
     assert uninterrupted.num_requests > 0  # the last step's requests: not known to have finished yet
     resumed = make_proposer(**opts)
+    before = checkpointed.state_dict()
+    assert checkpointed.num_requests == uninterrupted.num_requests  # reading the state changes nothing ...
+    assert pickle.dumps(checkpointed.state_dict()) == pickle.dumps(before)
+    checkpointed.finish_tracked()  # ... finishing the tracked requests files them, and the next step maps rows afresh
+    assert checkpointed.num_requests == 0 and checkpointed._rows is None
     resumed.load_state_dict(checkpointed.state_dict())
     drafts = []
     for proposer in (uninterrupted, checkpointed, resumed):
@@ -364,7 +372,7 @@ def test_history_is_bounded_by_bytes_and_evicted_memory_is_freed():
         )  # fmt: skip
         for p in range(6):  # six prompts, one after the other, each filing the last into its history as it starts
             Driver(proposer, {f"r{p}": ([1, 2, 3 + p], list(range(10 + p, 40 + p)))}, seed=p).run()
-        proposer.state_dict()  # a checkpoint files the last one
+        proposer.finish_tracked()  # as before a checkpoint: files the last one
         return proposer.drafter.groups
 
     unbounded = run(1 << 30)
