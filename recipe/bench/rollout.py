@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import csv
 import gzip
+import hashlib
 import json
 import math
 from collections.abc import Sequence
@@ -355,12 +356,29 @@ def spec_off_engines(runs: dict) -> list[str]:
     return [name for name in runs if name.partition("#")[0] == "off"]
 
 
+def tokens_hash(responses) -> str:
+    """A digest of a rollout's sampled token ids, response by response in request order: two rollouts sampled the same
+    tokens where their digests agree (as many tokens is not enough: drafts can change tokens and keep the count)."""
+    digest = hashlib.sha256()
+    for r in responses:
+        digest.update(np.asarray(r.token_ids, dtype=np.int64).tobytes() + b"|")
+    return digest.hexdigest()[:16]
+
+
+def _same_tokens(o: dict, m: dict) -> bool:
+    """Whether two rollouts' summaries sampled the same tokens: their :func:`tokens_hash` digests agree (logs written
+    before rollouts kept one: as many tokens)."""
+    if "tokens_hash" in o and "tokens_hash" in m:
+        return o["tokens_hash"] == m["tokens_hash"]
+    return o["tokens"] == m["tokens"]
+
+
 def _paired(runs: dict[str, list[dict | None]], name: str, off: str) -> dict[int, tuple[dict, dict]]:
-    """(spec off's, the mode's) summaries by repeat, where both engines ran the repeat and sampled as many tokens."""
+    """(spec off's, the mode's) summaries by repeat, where both engines ran the repeat and sampled the same tokens."""
     if off == name:
         return {}
     return {rep: (o, m) for rep, (o, m) in enumerate(zip(runs[off], runs[name], strict=False))
-            if o is not None and m is not None and o["tokens"] == m["tokens"]}  # fmt: skip
+            if o is not None and m is not None and _same_tokens(o, m)}  # fmt: skip
 
 
 def _per_repeat(runs: dict[str, list[dict | None]], name: str, offs: list[str], ratio) -> list[float]:
@@ -377,16 +395,15 @@ def _per_repeat(runs: dict[str, list[dict | None]], name: str, offs: list[str], 
 
 
 def same_token_pairs(runs: dict[str, list[dict | None]]) -> list[str]:
-    """Markdown: each mode against each spec-off engine (``off``, ``off#<tag>``) over the repeats where both sampled as
-    many tokens (one sampler seed per repeat: a draft that changed no token leaves the count, so these pairs compare
-    the same work), as spec off's rollout time over the mode's; pooled over all its pairings by geometric mean, and
+    """Markdown: each mode against each spec-off engine (``off``, ``off#<tag>``) over the repeats where both sampled the
+    same tokens (one sampler seed per repeat; :func:`_same_tokens`: these pairs compare the same work), as spec off's rollout time over the mode's; pooled over all its pairings by geometric mean, and
     per repeat with its 95% interval (the A/A engine's row gives the spread with nothing changed)."""
     offs = spec_off_engines(runs)
     if not offs:
         return []
     lines = [
         "",
-        "Rollouts of the same tokens: each repeat where a mode and a spec-off engine sampled as many tokens (same seed),"
+        "Rollouts of the same tokens: each repeat where a mode and a spec-off engine sampled the same token ids (same seed),"
         " spec off's rollout time over the mode's (pairs, geometric mean, range); per repeat: the repeats with a pair,"
         " the geometric mean over them and its 95% interval (Student's t on the logs):",
         "",
@@ -800,12 +817,13 @@ def main() -> None:
             busy, sent = engine.drafter_busy(), drafted_by_source(engine)
             result = engine.generate(prompts, args.n, sampling)
             s = result.timeline.summary(args.tail)
+            s["tokens_hash"] = tokens_hash(result.responses)
             s.update(drafter_ms(busy, engine.drafter_busy()))
             s.update(head_shares(sent, drafted_by_source(engine)))
             s.update(rollout_band_speeds(result.timeline))
             runs[name].append(s)
             timelines[name].append(result.timeline)
-            print(rep, name, json.dumps({k: round(v, 3) for k, v in s.items()}))
+            print(rep, name, json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in s.items()}))
             rollout_log.write(json.dumps({"repeat": rep, "mode": name, **s}) + "\n")
             rollout_log.flush()
             timeline_log.write(

@@ -263,3 +263,29 @@ def test_the_pooled_table_has_each_depths_acceptance_and_the_one_prompt_runs_tok
     assert [float(mtp[f"accept_rate_pos_{k}"]) for k in (1, 2, 3)] == pytest.approx([10 / 20, 6 / 10, 2 / 6], rel=1e-3)
     assert float(sam["accept_rate_pos_1"]) == pytest.approx(4 / 8) and sam["accept_rate_pos_2"] == ""
     assert float(mtp["tail_run_tokens_per_request_step"]) == 2.5
+
+
+def test_rollouts_pair_by_the_digest_of_their_token_ids_not_by_how_many_there_are() -> None:
+    """Two rollouts of as many tokens whose ids differ are not the same work; a log written before rollouts kept a
+    digest pairs by the count."""
+    from types import SimpleNamespace
+
+    def digest(*responses: list[int]) -> str:
+        return bench_rollout.tokens_hash([SimpleNamespace(token_ids=r) for r in responses])
+
+    assert digest([1, 2], [3]) == digest([1, 2], [3])
+    assert digest([1, 2], [3]) != digest([1, 3], [2])  # the same count, other tokens
+    assert digest([1, 2], [3]) != digest([1], [2, 3])  # the same stream, split otherwise
+    runs = {
+        "off": [
+            {"tokens": 3, "rollout_time_s": 2.0, "tokens_hash": digest([1, 2], [3])},
+            {"tokens": 3, "rollout_time_s": 2.0},
+        ],
+        "sam": [
+            {"tokens": 3, "rollout_time_s": 1.0, "tokens_hash": digest([1, 3], [2])},
+            {"tokens": 3, "rollout_time_s": 1.0},
+        ],
+    }
+    assert list(bench_rollout._paired(runs, "sam", "off")) == [1]
+    runs["sam"][0]["tokens_hash"] = digest([1, 2], [3])
+    assert list(bench_rollout._paired(runs, "sam", "off")) == [0, 1]
