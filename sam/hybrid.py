@@ -35,7 +35,7 @@ import torch
 from vllm.v1.spec_decode.eagle import EagleProposer
 
 from sam.counts import CountsLog
-from sam.payoff import payoff_cut
+from sam.payoff import nonnegative_solve, payoff_cut
 from sam.vllm import SAMProposer
 
 logger = logging.getLogger(__name__)
@@ -133,6 +133,57 @@ class HeadAcceptance:
     def forget(self, live: set[str]) -> None:
         """Drop the counts of requests that left (called now and then: a rollout's ids are not reused)."""
         self.by_request = {rid: c for rid, c in self.by_request.items() if rid in live}
+
+
+class HeadCost:
+    """Seconds of the head's run in a step of ``rows`` rows drafting chains ``depth`` deep (0: its layer alone, over the
+    step's tokens): ``a + b * rows + depth * (c * rows + e)``, by non-negative least squares with exponential forgetting
+    over the engine's head runs, as :class:`sam.payoff.StepCost` fits a step. Layer-only runs come mostly from big
+    batches and sampling runs from small ones, so a difference of per-row means would charge sampling with the batch
+    size; the fit separates them and :meth:`row_seconds` prices one depth at the step's own rows.
+
+    Example: runs of 0.02 + 0.001 * rows s alone and 0.003 * rows + 0.004 s more per depth price a depth at 16 rows at
+    0.003 + 0.004 / 16 s a row."""
+
+    TERMS = 4
+    RIDGE = 1e-9  # towards 0, each term in its own units: a term the runs cannot tell apart stays small
+
+    def __init__(self, decay: float = 0.99) -> None:
+        self.decay = decay
+        self.xtx = np.zeros((self.TERMS, self.TERMS))
+        self.xty = np.zeros(self.TERMS)
+        self.runs = np.zeros(2)  # layer-only and sampling runs seen: priced once both were
+        self.coef = np.zeros(self.TERMS)
+
+    @property
+    def known(self) -> bool:
+        return bool(self.runs.all())
+
+    def observe(self, rows: int, depth: int, seconds: float) -> None:
+        x = np.array([1.0, rows, depth * rows, depth], dtype=float)
+        self.xtx = self.decay * self.xtx + np.outer(x, x)
+        self.xty = self.decay * self.xty + x * seconds
+        self.runs[int(depth > 0)] += 1
+        if self.known:
+            coef = nonnegative_solve(self.xtx + self.RIDGE * np.diag(np.diag(self.xtx) + 1.0), self.xty)
+            if coef is not None:
+                self.coef = coef
+
+    def row_seconds(self, rows: int) -> float:
+        """What one depth of sampling costs per row of a step of ``rows`` rows (0 until priced)."""
+        return float(self.coef[2] + self.coef[3] / max(rows, 1)) if self.known else 0.0
+
+    def state_dict(self) -> dict:
+        return {
+            "xtx": self.xtx.tolist(),
+            "xty": self.xty.tolist(),
+            "runs": self.runs.tolist(),
+            "coef": self.coef.tolist(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.xtx, self.xty = np.asarray(state["xtx"], dtype=float), np.asarray(state["xty"], dtype=float)
+        self.runs, self.coef = np.asarray(state["runs"], dtype=float), np.asarray(state["coef"], dtype=float)
 
 
 class HybridSAM(SAMProposer):
@@ -267,9 +318,7 @@ class HybridProposer(EagleProposer):
         self._sampled: list[list[int]] = []
         self._pending: dict[str, tuple[int, int, int]] = {}  # request id -> (its token count, source, tokens) of the
         # draft it was sent last step
-        self._head_seconds = np.zeros(2)  # mean seconds per row of the head's run: [layer only, layer + one depth of
-        # sampling (a chain of d tokens costs the layer and d such depths)]
-        self._head_runs = np.zeros(2)
+        self.head_cost_fit = HeadCost()  # the head's run time by the step's rows and its chains' depth
         self.drafted = np.zeros(len(SOURCES), dtype=np.int64)  # draft tokens sent, by source
         self.accepted = np.zeros(len(SOURCES), dtype=np.int64)  # ... and accepted
         self.head_chains = np.zeros(self.head.depth + 1, dtype=np.int64)  # head chains sent, by length
@@ -287,11 +336,7 @@ class HybridProposer(EagleProposer):
     def state_dict(self) -> dict:
         """SAM's cross-rollout memory and what the hybrid learned of its head (its acceptance, its seconds per row),
         so that a resumed run weighs the head as an uninterrupted one does."""
-        head = {
-            "acceptance": self.head.state_dict(),
-            "seconds": self._head_seconds.tolist(),
-            "runs": self._head_runs.tolist(),
-        }
+        head = {"acceptance": self.head.state_dict(), "cost": self.head_cost_fit.state_dict()}
         return {**self.sam.state_dict(), "head": head}
 
     def finish_tracked(self) -> None:
@@ -304,8 +349,8 @@ class HybridProposer(EagleProposer):
         self.sam.load_state_dict(state)
         if head is not None:
             self.head.load_state_dict(head["acceptance"])
-            self._head_seconds = np.asarray(head["seconds"], dtype=float)
-            self._head_runs = np.asarray(head["runs"], dtype=float)
+            if "cost" in head:  # older checkpoints kept per-row means: the fit is learned again
+                self.head_cost_fit.load_state_dict(head["cost"])
 
     def load_model(self, *args, **kwargs) -> None:
         super().load_model(*args, **kwargs)
@@ -347,11 +392,10 @@ class HybridProposer(EagleProposer):
             self.head.forget(set(self.runner.requests))
         sam = self.sam
         sam.head_chance = self.head.chances(req_ids) if num_speculative_tokens > 0 else None
-        seconds = self._head_seconds
         if self.head_cost is not None:
             sam.head_row_seconds = self.head_cost
         else:
-            sam.head_row_seconds = max(0.0, seconds[1] - seconds[0]) if self._head_runs.all() else 0.0
+            sam.head_row_seconds = self.head_cost_fit.row_seconds(rows)
         sam.head_rows = np.zeros(rows, dtype=bool)
         sam.head_lengths = np.zeros(rows, dtype=np.int64)
         drafts = sam.propose(self._sampled, num_tokens, batch.token_ids_cpu)
@@ -363,12 +407,8 @@ class HybridProposer(EagleProposer):
         elapsed = time.perf_counter() - start
         if sam._last_call is not None:
             sam._last_call += elapsed  # the head's time is priced apart from the step SAM's step cost learns
-        sample = int(depth > 0)
         if rows:
-            per_row = elapsed / rows if not depth else seconds[0] + (elapsed / rows - seconds[0]) / depth
-            runs = self._head_runs[sample]
-            seconds[sample] = (seconds[sample] * min(runs, 63) + per_row) / (min(runs, 63) + 1)
-            self._head_runs[sample] += 1
+            self.head_cost_fit.observe(rows, depth, elapsed)
         if depth:
             self.head_steps += 1
             for r in np.flatnonzero(head_rows).tolist():

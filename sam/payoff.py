@@ -237,7 +237,7 @@ class StepCost:
             for rows, drafted, context, seconds in prior:
                 _forget_and_add(xtx, xty, 1.0, int(rows), int(drafted), float(context), float(seconds), 1.0)
             self.prior_scale = np.diag(xtx) / len(prior)
-            self.prior_coef = _nonnegative_solve(xtx + 1e-9 * np.diag(np.diag(xtx) + 1.0), xty)
+            self.prior_coef = nonnegative_solve(xtx + 1e-9 * np.diag(np.diag(xtx) + 1.0), xty)
             self.prior_weight = float(PRIOR_STEPS)
             self.coef = self.prior_coef.copy()
 
@@ -293,7 +293,7 @@ class StepCost:
             )
             rhs = self.xty
         # and a little towards 0 overall, each term in its own units
-        coef = _nonnegative_solve(self.xtx + reg + 1e-9 * np.diag(np.diag(self.xtx) / steps + 1.0), rhs)
+        coef = nonnegative_solve(self.xtx + reg + 1e-9 * np.diag(np.diag(self.xtx) / steps + 1.0), rhs)
         if coef is not None:
             self.coef = coef
 
@@ -366,7 +366,7 @@ class PinnedStepCost(StepCost):
         return False  # nothing to learn: drafting depends on the tokens alone
 
 
-def _nonnegative_solve(gram: np.ndarray, rhs: np.ndarray) -> np.ndarray | None:
+def nonnegative_solve(gram: np.ndarray, rhs: np.ndarray) -> np.ndarray | None:
     """The non-negative ``x`` minimising ``x' G x - 2 x' r`` (least squares from its normal equations), or None where
     ``G`` is not positive definite. Costs are non-negative: the best non-negative fit, not the free fit clipped (a
     per-row cost that noise made negative, clipped to 0, left the fixed cost it had inflated: every step was then

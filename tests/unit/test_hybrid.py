@@ -169,3 +169,28 @@ def test_a_one_token_heads_checkpoint_fills_the_first_depth_of_a_deeper_head() -
     deep.load_state_dict({"drafts": 40.0, "accepted": 10.0})  # saved by a hybrid that drafted one token
     assert deep.reached.tolist() == [40.0, 0.0] and deep.accepted.tolist() == [10.0, 0.0]
     assert deep.by_depth[1] == pytest.approx(0.4)  # the prior where nothing was counted
+
+
+def test_the_heads_sampling_cost_is_fitted_against_the_steps_rows_not_a_difference_of_means() -> None:
+    """Layer-only runs at big batches, sampling runs at small ones (as the payoff rule sends them): the fit recovers the
+    per-depth cost at any batch size, where the difference of per-row means charged sampling with the batch size."""
+    from sam.hybrid import HeadCost
+
+    def seconds(rows: int, depth: int) -> float:
+        return 0.02 + 0.001 * rows + depth * (0.003 * rows + 0.004)
+
+    fit = HeadCost()
+    assert not fit.known and fit.row_seconds(8) == 0.0
+    layer_only = [(rows, 0) for rows in (48, 56, 64) * 10]
+    sampling = [(rows, depth) for rows in (1, 2, 4) for depth in (1, 2, 3)] * 4
+    for rows, depth in layer_only + sampling:
+        fit.observe(rows, depth, seconds(rows, depth))
+    assert fit.known
+    for rows in (1, 8, 64):
+        assert fit.row_seconds(rows) == pytest.approx(0.003 + 0.004 / rows, rel=1e-3)
+    layer = np.mean([seconds(r, 0) / r for r, _ in layer_only])
+    sampled = np.mean([(seconds(r, d) / r - layer) / d + layer for r, d in sampling])
+    assert sampled - layer > 3 * (0.003 + 0.004 / 8)  # the old estimate, several times the cost at 8 rows
+    resumed = HeadCost()
+    resumed.load_state_dict(fit.state_dict())
+    assert resumed.row_seconds(8) == fit.row_seconds(8)
