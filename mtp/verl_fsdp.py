@@ -47,6 +47,7 @@ from mtp import (
     MTP_VOCAB_TOPK_KEY,
     warm_up_group,
 )
+from mtp.checkpoint import tokenizer_path
 from mtp.loss import chain_loss, draft_vocabulary, mtp_loss, mtp_targets, sample_sequences
 from mtp.model import (
     MiMoConfig,
@@ -328,7 +329,7 @@ def cpu_actor_engine(
 
     model = HFModelConfig(
         path=str(checkpoint),
-        tokenizer_path=f"{checkpoint}/tokenizer",
+        tokenizer_path=tokenizer_path(checkpoint),
         use_remove_padding=False,
         enable_gradient_checkpointing=False,
         override_config={
