@@ -24,6 +24,8 @@ SAM_METHODS = ("sam", "hybrid")  # ... and with SAM (its options in additional_c
 # crashes in the rejection sampler).
 TESTED_VLLM = ("0.24.0", "0.28.0", "0.32.0")
 UNTESTED_VLLM_ENV = "SPEC_ROLLOUT_UNTESTED_VLLM"
+HYBRID_VLLM = ("0.28.0",)  # spec=hybrid turns vLLM's own MTP drafter into the hybrid (sam/hybrid.py): the releases
+# whose drafter it was built and tested on (the matrix's others run SAM and MTP, not the hybrid)
 SAM_PROPOSER_CLASS = "sam.vllm.SAMProposer"
 K_BY_BATCH_KEY = "num_speculative_tokens_per_batch_size"  # vLLM's [(first, last, K), ...] live-batch schedule of K
 VLLM_METHOD_KEYS = {  # the spec group's keys that are vLLM speculative_config keys, per method (configs/spec/*.yaml)
@@ -58,12 +60,20 @@ def installed_vllm() -> str | None:
     return None
 
 
-def check_vllm_version(version: str | None = None) -> None:
+def check_vllm_version(version: str | None = None, method: str | None = None) -> None:
     """Stop before any engine starts when vLLM is missing or not a tested release, naming both; the recipe reaches
-    into vLLM internals (sam/runner_hook.py, recipe/lossless.py) that move between releases.
-    ``SPEC_ROLLOUT_UNTESTED_VLLM=1`` runs anyway, for checking a new release."""
+    into vLLM internals (sam/runner_hook.py, recipe/lossless.py) that move between releases. ``spec=hybrid``
+    (``method``) also needs a release of :data:`HYBRID_VLLM`. ``SPEC_ROLLOUT_UNTESTED_VLLM=1`` runs anyway, for
+    checking a new release."""
     version = installed_vllm() if version is None else version
-    if version in TESTED_VLLM or os.environ.get(UNTESTED_VLLM_ENV) == "1":
+    if os.environ.get(UNTESTED_VLLM_ENV) == "1":
+        return
+    if version in TESTED_VLLM and method == "hybrid" and version not in HYBRID_VLLM:
+        raise UnsupportedVLLMError(
+            f"spec=hybrid on vLLM {version}: the hybrid drafter is built on vLLM {', '.join(HYBRID_VLLM)}'s MTP drafter "
+            f"(sam/hybrid.py); install it, run spec=sam or spec=mtp here, or set {UNTESTED_VLLM_ENV}=1 to try it"
+        )
+    if version in TESTED_VLLM:
         return
     raise UnsupportedVLLMError(
         f"vLLM {version or 'is not installed'}: the recipe's vLLM-side parts are tested on vLLM "

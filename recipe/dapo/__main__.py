@@ -105,7 +105,7 @@ def require_mtp_layer(model: str, method: str, k: int) -> None:
 def run(cfg: DictConfig) -> list[dict] | DictConfig:
     """Train on the chosen backend: the local history of metrics, or (backend=verl) veRL's config."""
     validate(cfg)
-    check_vllm_version()
+    check_vllm_version(method=str(cfg.spec.method))
     model, train, val = resolve_inputs(cfg)
     if cfg.backend == "local":
         require_local_trainable(model)

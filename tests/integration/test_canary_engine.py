@@ -12,7 +12,7 @@ import torch
 from recipe.dapo.canary import AcceptanceCanary, counts_since
 from recipe.dapo.config import spec_group
 from recipe.dapo.rollout import RolloutEngine
-from recipe.engine import EngineOptions, installed_vllm, spec_from_config
+from recipe.engine import HYBRID_VLLM, EngineOptions, installed_vllm, spec_from_config
 from recipe.lossless_harness import GREEDY_PROMPTS, prompt_ids
 
 pytestmark = pytest.mark.vllm_side
@@ -28,7 +28,7 @@ def engine_for(model: str, method: str) -> RolloutEngine:
 
 # the hybrid reaches into vLLM 0.28's MTP drafter (sam/hybrid.py); on the matrix's other releases it is not checked yet
 HYBRID_VLLM = pytest.mark.skipif(
-    installed_vllm() not in ("0.28.0",), reason="spec=hybrid is built on vLLM 0.28.0's drafter"
+    installed_vllm() not in HYBRID_VLLM, reason="spec=hybrid is built on vLLM 0.28.0's drafter"
 )
 
 

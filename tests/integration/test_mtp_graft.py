@@ -5,6 +5,8 @@ without changing them, and the DAPO entry names a checkpoint without an MTP laye
 Compared in float32, where they match exactly. In bf16 vLLM's Qwen2 and Llama layers round differently (Qwen2's add
 the zero q/k/v bias), and one of these three greedy answers flipped at a near-tie after 18 identical tokens."""
 
+from pathlib import Path
+
 import pytest
 
 from recipe.models import resolve_model
@@ -104,3 +106,39 @@ def test_spec_mtp_deeper_than_the_head_was_trained_names_the_key_and_how_to_trai
     ):
         run(cfg)
     assert not (tmp_path / "run").exists()
+
+
+def test_vllm_serve_drafts_deep_with_the_built_in_head_as_users_deploy_it(tmp_path):
+    """The shipped head as a user deploys a draft model: ``vllm serve`` on the built-in head's checkpoint with
+    ``--speculative-config '{"method": "mtp", "num_speculative_tokens": K}'`` (K: the depth it was trained for), one
+    completion request, and acceptance read from the server's Prometheus ``/metrics``: drafts accepted at every depth."""
+    import json
+    import re
+    import sys
+    import urllib.request
+
+    from mtp.checkpoint import trained_depth
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_vllm_server import _post, _running_server
+
+    checkpoint = resolve_model("smollm2-135m-instruct-mtp")
+    k = trained_depth(checkpoint)
+    assert k >= 2, f"the shipped head drafts {k} token(s) a step"
+    spec = json.dumps({"method": "mtp", "num_speculative_tokens": k})
+    (tmp_path / "timeline").mkdir()
+    with _running_server(checkpoint, tmp_path / "timeline", "--speculative-config", spec) as base:
+        body = {"model": str(checkpoint), "prompt": QUESTIONS, "max_tokens": 48, "temperature": 0}
+        response = _post(f"{base}/v1/completions", body)
+        with urllib.request.urlopen(f"{base}/metrics", timeout=30) as page:
+            metrics = page.read().decode()
+    assert len(response["choices"]) == len(QUESTIONS) and all(c["text"] for c in response["choices"])
+    per_pos = {
+        int(pos): float(value)
+        for pos, value in re.findall(
+            r'spec_decode_num_accepted_tokens_per_pos_total\{[^}]*position="(\d+)"[^}]*\} (\S+)', metrics
+        )
+    }
+    drafts = float(re.search(r"spec_decode_num_drafts_total\{[^}]*\} (\S+)", metrics)[1])
+    assert drafts > 0 and sorted(per_pos) == list(range(k)), (drafts, per_pos)
+    assert all(per_pos[pos] > 0 for pos in range(k)), per_pos  # the head's drafts accepted at every depth

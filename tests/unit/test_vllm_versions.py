@@ -7,7 +7,14 @@ import sys
 
 import pytest
 
-from recipe.engine import TESTED_VLLM, UNTESTED_VLLM_ENV, UnsupportedVLLMError, check_vllm_version, installed_vllm
+from recipe.engine import (
+    HYBRID_VLLM,
+    TESTED_VLLM,
+    UNTESTED_VLLM_ENV,
+    UnsupportedVLLMError,
+    check_vllm_version,
+    installed_vllm,
+)
 
 pytestmark = pytest.mark.vllm_side
 
@@ -26,6 +33,19 @@ def test_an_untested_vllm_release_is_refused_naming_it_and_the_tested_ones(monke
         check_vllm_version("")
     monkeypatch.setenv(UNTESTED_VLLM_ENV, "1")
     check_vllm_version("0.30.0")
+
+
+@pytest.mark.parametrize("version", TESTED_VLLM)
+def test_spec_hybrid_is_refused_in_one_line_on_a_release_its_drafter_was_not_built_on(monkeypatch, version):
+    monkeypatch.delenv(UNTESTED_VLLM_ENV, raising=False)
+    check_vllm_version(version, "sam")
+    if version in HYBRID_VLLM:
+        check_vllm_version(version, "hybrid")
+        return
+    with pytest.raises(UnsupportedVLLMError, match=f"spec=hybrid on vLLM {version}: .*spec=sam or spec=mtp"):
+        check_vllm_version(version, "hybrid")
+    monkeypatch.setenv(UNTESTED_VLLM_ENV, "1")
+    check_vllm_version(version, "hybrid")
 
 
 def test_the_recovered_token_kernel_shim_applies_exactly_where_the_cpu_kernel_lacks_the_flag():
