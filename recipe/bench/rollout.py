@@ -138,7 +138,9 @@ def parse_mode(
     return method, k, {**sam_defaults["sam"], "batch_threshold": gate_value, **opts, **sam_opts}, schedule
 
 
-def engine_spec(method: str, k: int, schedule: list[list[int]] | None = None) -> dict | None:
+def engine_spec(
+    method: str, k: int, schedule: list[list[int]] | None = None, draft_sample_method: str | None = None
+) -> dict | None:
     from recipe.dapo.config import spec_group
     from recipe.engine import K_BY_BATCH_KEY, spec_from_config
 
@@ -148,8 +150,9 @@ def engine_spec(method: str, k: int, schedule: list[list[int]] | None = None) ->
             "model": f"{__name__}.NoDraftProposer",
             "num_speculative_tokens": k,
         }
-    # configs/spec/<method>.yaml, K and schedule set
-    return spec_from_config(spec_group(method, num_speculative_tokens=k, **{K_BY_BATCH_KEY: schedule}))[0]
+    # configs/spec/<method>.yaml, K and schedule set (and how the head's drafts are drawn, for the methods with a head)
+    drawn = {"draft_sample_method": draft_sample_method} if draft_sample_method and method in HEAD_METHODS else {}
+    return spec_from_config(spec_group(method, num_speculative_tokens=k, **{K_BY_BATCH_KEY: schedule}, **drawn))[0]
 
 
 def mode_defaults() -> dict:
@@ -175,8 +178,10 @@ def mode_engine(
     schedule: list[list[int]] | None,
     dtype: str = "float32",
     memory_share: float | None = None,
+    draft_sample_method: str | None = None,
 ):
-    """A vLLM engine for one parsed mode (:func:`parse_mode`'s result), kept whole between rollouts."""
+    """A vLLM engine for one parsed mode (:func:`parse_mode`'s result), kept whole between rollouts; the head's drafts
+    drawn by ``draft_sample_method`` (None: as configs/spec sets it)."""
     from omegaconf import OmegaConf
 
     from recipe.dapo.config import spec_group
@@ -188,7 +193,7 @@ def mode_engine(
         extra["hybrid"] = OmegaConf.to_container(spec_group("hybrid").hybrid)
     return RolloutEngine(
         str(ckpt),
-        engine_spec(method, k, schedule),
+        engine_spec(method, k, schedule, draft_sample_method),
         EngineOptions(max_model_len=1024, seed=0, dtype=dtype, gpu_memory_utilization=memory_share),
         extra,
         free_cache_engine=False,
@@ -731,6 +736,11 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=None, help="response budget (default 768; real model 384)")
     parser.add_argument("--memory-share", type=float, default=None, help="vLLM gpu_memory_utilization (CPU: of RAM)")
     parser.add_argument(
+        "--head-draft", choices=("greedy", "probabilistic"),
+        help="how the mtp and hybrid modes' head draws its drafts (default: configs/spec's, mtp greedy, hybrid "
+        "probabilistic; +experiment=smollm2 samples them)",
+    )  # fmt: skip
+    parser.add_argument(
         "--dtype",
         default=None,
         help="the engines' dtype (default: float32, or what configs/experiment/smollm2.yaml samples a real model in)",
@@ -739,8 +749,8 @@ def main() -> None:
     parser.add_argument(
         "--head",
         default=None,
-        help="with mtp or hybrid modes: the checkpoint with the model's MTP head every mode then runs on (default: the "
-        "embedded model's own, or artifacts/models/<model>-mtp from make mtp-head)",
+        help="with mtp or hybrid modes: the checkpoint (or built-in head) with the model's MTP head every mode then runs "
+        "on (default: the embedded model's own, a built-in model's shipped head, else artifacts/models/<model>-mtp)",
     )
     parser.add_argument(
         "--pairs-from",
@@ -770,10 +780,17 @@ def main() -> None:
         MODES.get(name.partition("#")[0].partition("/")[0], ("",))[0] in HEAD_METHODS for name in args.modes.split(",")
     ):
         from mtp.checkpoint import has_mtp_layer
-        from recipe.models import CACHE_DIR
+        from recipe.models import BUILTIN_HEADS, CACHE_DIR, resolve_model
 
         # every mode runs on the head's checkpoint (the same trunk), so that all of them sample the same model
-        head = Path(args.head) if args.head else (ckpt if args.model is None else CACHE_DIR / f"{ckpt.name}-mtp")
+        if args.head:
+            head = resolve_model(args.head)
+        elif args.model is None:
+            head = ckpt
+        elif f"{args.model}-mtp" in BUILTIN_HEADS:  # the head that ships for a built-in model
+            head = resolve_model(f"{args.model}-mtp")
+        else:
+            head = CACHE_DIR / f"{ckpt.name}-mtp"
         if not has_mtp_layer(head):
             parser.error(
                 f"--modes {args.modes}: {head} has no MTP layer (make mtp-head builds SmolLM2's; or --head DIR)"
@@ -795,7 +812,9 @@ def main() -> None:
                 "(SAM modes take @<gate>/k<K>/s<batch>x<K>/t<tokens>/l<lead>)"
             )
         method, ks[name], sam_opts, _ = parsed
-        engine = mode_engine(ckpt, *parsed, dtype=dtype, memory_share=args.memory_share)
+        engine = mode_engine(
+            ckpt, *parsed, dtype=dtype, memory_share=args.memory_share, draft_sample_method=args.head_draft
+        )
         engine.generate(warm, args.n, sampling)  # same shape on other prompts: every batch size seen once
         if method == "suffix" or (sam_opts and sam_opts["cross_epoch"]):
             engine.generate(prompts, args.n, sampling)  # the previous epoch of the same prompts
@@ -857,7 +876,8 @@ def main() -> None:
         f"--prompts {args.prompts} --n {args.n} "
         f"--repeats {args.repeats} --tail {args.tail} --gate {gate} --modes {args.modes}"
         f"{f' --seed {args.seed}' if args.seed != parser.get_default('seed') else ''}"
-        f"{f' --dtype {args.dtype}' if args.dtype else ''}` on {machine()} at commit {commit()} (engines in {dtype}, "
+        f"{f' --dtype {args.dtype}' if args.dtype else ''}{f' --head-draft {args.head_draft}' if args.head_draft else ''}"
+        f"{f' --head {args.head}' if args.head else ''}` on {machine()} at commit {commit()} (engines in {dtype}, "
         "temperature 1, long tail = "
         f"at most {args.tail} active requests, SAM drafts at most {gate} active requests unless a mode says @G, K, "
         "SAM options from configs/spec unless a mode says /<letter><value> (SAM_MODE_OPTIONS); every mode's engine alive at once, "
