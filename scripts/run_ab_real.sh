@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The real model's A/B (results/real/ab/): DAPO on SmolLM2-135M-Instruct with its MTP head (+experiment=smollm2;
-# `make mtp-head` builds the head first), 16 steps per mode: seed 0 every mode, then seed 1 the modes the seed spread
+# the head ships in recipe/heads/), 16 steps per mode: seed 0 every mode, then seed 1 the modes the seed spread
 # is read from (spec off's two seeds are also the A/A control of the decode speed). The modes take turns every 8 steps
 # (a multiple of test_freq and save_freq, so the turns add no evaluation or checkpoint); keep the machine otherwise
 # idle: the tables compare wall-clock times. About 6 hours on 2 cores. Rerunning resumes a killed mode and skips
