@@ -123,12 +123,13 @@ def sample_vllm_inprocess(
     spec, extra = spec_from_config(spec_group(method, num_speculative_tokens=k))
     # the harness tests verification, which needs drafts everywhere: SAM sends every draft the match rules give
     # (payoff off); the hybrid, whose payoff rule picks each row's source, prices drafts as nearly free and starts
-    # from a confident head, so that a step's batch mixes the head's sampled drafts with SAM's point masses
+    # from a head confident enough that its chains win most rows and SAM the rows where its match is likelier, so that
+    # a step's batch mixes the head's sampled chains with SAM's point masses
     if method == "sam":
         extra = {"sam": {"batch_threshold": 1 << 20, "min_match": 1, "payoff": False}}
     if method == "hybrid":
         extra["sam"].update(batch_threshold=1 << 20, min_match=1, payoff_cost=[0.01, 0.001, 1e-6, 0.0, 0.0])
-        extra["hybrid"].update(head_acceptance=0.9, head_cost=0.0, head_depth=3)
+        extra["hybrid"].update(head_acceptance=0.6, head_cost=0.0, head_depth=3)
     llm = make_llm(model, spec, EngineOptions(max_model_len=512, seed=seed, dtype=dtype), additional_config=extra)
     prompt = TokensPrompt(prompt_token_ids=prompt_ids(model))
     result = {}
