@@ -128,7 +128,7 @@ def test_vllm_serve_drafts_deep_with_the_built_in_head_as_users_deploy_it(tmp_pa
     spec = json.dumps({"method": "mtp", "num_speculative_tokens": k})
     (tmp_path / "timeline").mkdir()
     with _running_server(checkpoint, tmp_path / "timeline", "--speculative-config", spec) as base:
-        body = {"model": str(checkpoint), "prompt": QUESTIONS, "max_tokens": 48, "temperature": 0}
+        body = {"model": str(checkpoint), "prompt": QUESTIONS, "max_tokens": 160, "temperature": 0}
         response = _post(f"{base}/v1/completions", body)
         with urllib.request.urlopen(f"{base}/metrics", timeout=30) as page:
             metrics = page.read().decode()
