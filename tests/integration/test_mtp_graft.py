@@ -117,7 +117,7 @@ def test_vllm_serve_drafts_deep_with_the_built_in_head_as_users_deploy_it(tmp_pa
     import sys
     import urllib.request
 
-    from mtp.checkpoint import trained_depth
+    from mtp.checkpoint import load_tokenizer, trained_depth
 
     sys.path.insert(0, str(Path(__file__).parent))
     from test_vllm_server import _post, _running_server
@@ -128,7 +128,11 @@ def test_vllm_serve_drafts_deep_with_the_built_in_head_as_users_deploy_it(tmp_pa
     spec = json.dumps({"method": "mtp", "num_speculative_tokens": k})
     (tmp_path / "timeline").mkdir()
     with _running_server(checkpoint, tmp_path / "timeline", "--speculative-config", spec) as base:
-        body = {"model": str(checkpoint), "prompt": QUESTIONS, "max_tokens": 160, "temperature": 0}
+        tok = load_tokenizer(checkpoint)
+        chats = [[{"role": "user", "content": q}] for q in QUESTIONS]
+        texts = [tok.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in chats]
+        prompts = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+        body = {"model": str(checkpoint), "prompt": prompts, "max_tokens": 160, "temperature": 0}
         response = _post(f"{base}/v1/completions", body)
         with urllib.request.urlopen(f"{base}/metrics", timeout=30) as page:
             metrics = page.read().decode()
