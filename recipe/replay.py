@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-ACTIVE_BANDS: tuple[tuple[int, int], ...] = ((1, 1), (2, 4), (5, 8), (9, 16), (17, 48), (49, 1 << 30))
+from recipe.dapo.timeline import ACTIVE_BANDS
 
 
 @dataclass(frozen=True)

@@ -40,13 +40,13 @@ from recipe.cost_model import (
     step_seconds,
     tensor_parallel,
 )
+from recipe.engine import HEAD_METHODS
 from recipe.paths import RESULTS_DIR
 from recipe.replay import ACTIVE_BANDS, SPEC_OFF, Drafter, StepCost, band_index, replay, response_lengths
 
 OUT = RESULTS_DIR / "cost_model"
 CPU_SHAPE, CPU_DEVICE = "smollm2-135m-fp32", "cpu-2core"
 PAYOFF_MODES = ("sam", "hybrid")  # modes whose drafter drafts only where it pays (the replay decides the same way)
-HEAD_MODES = ("mtp", "hybrid")  # modes whose engine runs an MTP head
 # GPU regime: what a DAPO node holds (the assumptions docs/gains.md states)
 GPU_MEMORY = {"h100": 80e9, "h200": 141e9}  # bytes of HBM
 MEMORY_UTILIZATION = 0.9  # vLLM's gpu_memory_utilization
@@ -129,7 +129,7 @@ def replay_recorded(record: dict, shape: ModelShape, device: Device, fit_: StepC
     if mode == "off":
         drafter, drafted = SPEC_OFF, None
     else:
-        drafter = Drafter(mode, 1, tokens, payoff=mode in PAYOFF_MODES, head=mode in HEAD_MODES)
+        drafter = Drafter(mode, 1, tokens, payoff=mode in PAYOFF_MODES, head=mode in HEAD_METHODS)
         drafted = drafts
 
     def prefill(n: int) -> float:

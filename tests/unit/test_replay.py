@@ -94,12 +94,11 @@ def test_prefill_is_paid_once_per_admission_in_the_step_that_admits():
 def test_the_cpu_replay_reads_a_recorded_rollout_and_writes_measured_beside_predicted(tmp_path):
     """``recipe.bench replay cpu`` on a timeline as ``recipe.bench rollout`` records it (RolloutTimeline.to_json in
     timelines.jsonl.gz): the measured seconds are the steps' durations, the prediction the replay's on the CPU fit."""
-    from types import SimpleNamespace
-
     from recipe.bench.replay import by_band, measured
     from recipe.dapo.timeline import RolloutTimeline
+    from recipe.engine import SpecCounters
 
-    spec = SimpleNamespace(num_drafts=0, num_draft_tokens=0, num_accepted_tokens=0)
+    spec = SpecCounters()
     timeline = RolloutTimeline(num_requests=2)
     timeline.step(0.0, 0.5, 2, 2, 2, spec, started=2)  # the prefill step
     for i in range(9):
