@@ -115,6 +115,17 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_key_value_heads * hd, bias=True)
         self.o_proj = nn.Linear(cfg.num_attention_heads * hd, cfg.hidden_size, bias=False)
 
+    def project(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries, keys and values of ``x`` [T, H], heads first ([heads, T, d]), queries and keys rotated."""
+        t = x.shape[0]
+        cfg = self.cfg
+        q = self.q_proj(x).view(t, cfg.num_attention_heads, cfg.head_dim).transpose(0, 1)
+        k = self.k_proj(x).view(t, cfg.num_key_value_heads, cfg.head_dim).transpose(0, 1)
+        v = self.v_proj(x).view(t, cfg.num_key_value_heads, cfg.head_dim).transpose(0, 1)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
     def forward(
         self,
         x: torch.Tensor,
@@ -133,10 +144,7 @@ class Attention(nn.Module):
         ([1, heads, L, d]): 3-D inputs also take the unfused path on CPU."""
         t = x.shape[0]
         cfg = self.cfg
-        q = self.q_proj(x).view(t, cfg.num_attention_heads, cfg.head_dim).transpose(0, 1)
-        k = self.k_proj(x).view(t, cfg.num_key_value_heads, cfg.head_dim).transpose(0, 1)
-        v = self.v_proj(x).view(t, cfg.num_key_value_heads, cfg.head_dim).transpose(0, 1)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k, v = self.project(x, cos, sin)
         rep = cfg.num_attention_heads // cfg.num_key_value_heads
         k, v = k.repeat_interleave(rep, dim=0), v.repeat_interleave(rep, dim=0)
         scale = 1.0 / math.sqrt(cfg.head_dim)
@@ -380,10 +388,7 @@ def unrolled_attention(
     Example, one sequence of 3 rows at depth 2: row 1 attends depth-1 keys of rows 0 and 1 and its own depth-2 key."""
     t = x.shape[0]
     cfg = attn.cfg
-    q = attn.q_proj(x).view(t, cfg.num_attention_heads, cfg.head_dim).transpose(0, 1)
-    k = attn.k_proj(x).view(t, cfg.num_key_value_heads, cfg.head_dim).transpose(0, 1)
-    v = attn.v_proj(x).view(t, cfg.num_key_value_heads, cfg.head_dim).transpose(0, 1)
-    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    q, k, v = attn.project(x, cos, sin)
     depths = [*earlier, (k, v)]
     rep = cfg.num_attention_heads // cfg.num_key_value_heads
     scale = 1.0 / math.sqrt(cfg.head_dim)
