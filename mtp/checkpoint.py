@@ -29,10 +29,8 @@ CONFIG_FILE = "config.json"
 GENERATION_CONFIG_FILE = "generation_config.json"
 WEIGHTS_FILE = "model.safetensors"
 COMPLETE_MARKER = "COMPLETE"
-OLD_TOKENIZER_DIR = "tokenizer"  # where checkpoints written before December 2026 keep their tokenizer
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")  # beside the weights, as HF lays a checkpoint out: vLLM
-# then opens the tokenizer where the model is (one it is pointed at elsewhere it also probes for a model config, and
-# logs an ERROR where there is none)
+TOKENIZER_DIR = "tokenizer"
+TOKENIZER_FILES = (f"{TOKENIZER_DIR}/tokenizer.json", f"{TOKENIZER_DIR}/tokenizer_config.json")
 REQUIRED_FILES = (CONFIG_FILE, GENERATION_CONFIG_FILE, WEIGHTS_FILE, *TOKENIZER_FILES)
 
 
@@ -83,7 +81,7 @@ def save_checkpoint(
     cfg.update(generation)
     (tmp / CONFIG_FILE).write_text(json.dumps(cfg, indent=2))
     (tmp / GENERATION_CONFIG_FILE).write_text(json.dumps(generation, indent=2))
-    save_tokenizer(tokenizer, tmp)
+    save_tokenizer(tokenizer, tmp / TOKENIZER_DIR)
     for f in tmp.rglob("*"):
         if f.is_file():
             with open(f, "rb") as fh:
@@ -119,9 +117,8 @@ def save_tokenizer(tokenizer, path: str | Path) -> None:
 
 
 def tokenizer_path(path: str | Path) -> str:
-    """Where a checkpoint's tokenizer is: the directory itself, or ``tokenizer/`` in one written before the tokenizer
-    moved beside the weights."""
-    sub = Path(path) / OLD_TOKENIZER_DIR
+    """Where a checkpoint's tokenizer is: ``tokenizer/`` for ours, the directory itself for other HF models."""
+    sub = Path(path) / TOKENIZER_DIR
     return str(sub if (sub / "tokenizer_config.json").is_file() else path)
 
 

@@ -47,7 +47,6 @@ from mtp import (
     MTP_VOCAB_TOPK_KEY,
     warm_up_group,
 )
-from mtp.checkpoint import tokenizer_path
 from mtp.loss import chain_loss, draft_vocabulary, mtp_loss, mtp_targets, sample_sequences
 from mtp.model import (
     MiMoConfig,
@@ -329,7 +328,7 @@ def cpu_actor_engine(
 
     model = HFModelConfig(
         path=str(checkpoint),
-        tokenizer_path=tokenizer_path(checkpoint),
+        tokenizer_path=f"{checkpoint}/tokenizer",
         use_remove_padding=False,
         enable_gradient_checkpointing=False,
         override_config={

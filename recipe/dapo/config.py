@@ -21,7 +21,6 @@ from mtp import (
     MTP_OBJECTIVES,
     MTP_VOCAB_TOPK_KEY,
 )
-from mtp.checkpoint import tokenizer_path
 from recipe.engine import HEAD_METHODS, K_BY_BATCH_KEY, SAM_METHODS, SPEC_METHODS, head_draft_depth
 from recipe.paths import REPO_ROOT
 
@@ -541,13 +540,13 @@ def verl_config(cfg: DictConfig, model: str, train: str, val: str, device: str) 
     with open_dict(out):
         for group in RECIPE_GROUPS:
             out.pop(group)
-    tokenizer = Path(tokenizer_path(model))
+    tokenizer = Path(model, "tokenizer")
     ro = out.actor_rollout_ref.rollout
     apply_overrides(
         out,
         {
             "actor_rollout_ref.model.path": str(Path(model).resolve()),
-            "actor_rollout_ref.model.tokenizer_path": str(tokenizer.resolve()) if tokenizer != Path(model) else None,
+            "actor_rollout_ref.model.tokenizer_path": str(tokenizer.resolve()) if tokenizer.is_dir() else None,
             "data.train_files": str(Path(train).resolve()),
             "data.val_files": str(Path(val).resolve()),
             "trainer.default_local_dir": str(Path(out.trainer.default_local_dir).resolve()),

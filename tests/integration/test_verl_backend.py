@@ -81,7 +81,7 @@ def test_the_job_runs_the_recipe_config_changing_only_inputs_device_and_spec(inp
     assert job.trainer.validation_data_dir == f"{job.trainer.default_local_dir}/validation"
     assert job.trainer.device == "cuda" and job.actor_rollout_ref.rollout.gpu_memory_utilization == 0.5
     assert Path(job.reward.custom_reward_function.path).is_file() and Path(job.data.train_files).is_absolute()
-    assert job.actor_rollout_ref.model.tokenizer_path is None  # the tokenizer beside the weights, where veRL looks
+    assert job.actor_rollout_ref.model.tokenizer_path.endswith("checkpoint/tokenizer")
     added = set(job_keys) - set(recipe_keys)
     vllm = "actor_rollout_ref.rollout.engine_kwargs.vllm."
     assert all(k.startswith(vllm) for k in added)  # the spec group, as vLLM's settings
