@@ -73,7 +73,8 @@ def test_the_job_runs_the_recipe_config_changing_only_inputs_device_and_spec(inp
     assert set(recipe_keys) <= set(job_keys)
     changed = {k for k, v in recipe_keys.items() if job_keys[k] != v}
     assert changed == {
-        "actor_rollout_ref.model.path", "data.train_files", "data.val_files", "trainer.default_local_dir", "reward.custom_reward_function.path",
+        "actor_rollout_ref.model.path", "actor_rollout_ref.model.tokenizer_path", "data.train_files",
+        "data.val_files", "trainer.default_local_dir", "reward.custom_reward_function.path",
         "actor_rollout_ref.rollout.router_config_path", "actor_rollout_ref.rollout.gpu_memory_utilization",
         "actor_rollout_ref.rollout.prometheus.served_model_name",  # veRL's own interpolation of model.path
         "trainer.validation_data_dir",  # the recipe's interpolation of default_local_dir, made absolute with it
