@@ -300,8 +300,8 @@ class HybridProposer(EagleProposer):
         options = dict((getattr(config, "additional_config", None) or {}).get("hybrid") or {})
         method = config.speculative_config.draft_sample_method
         recorded = recorded_acceptance(config.model_config.model, method) or [DEFAULT_HEAD_ACCEPTANCE]
-        depth = options.get("head_depth") or len(recorded)
         k = int(config.speculative_config.num_speculative_tokens)
+        depth = options.get("head_depth") or min(len(recorded), k)  # a recorded chain longer than K: cut to K
         if depth > k:
             raise ValueError(
                 f"spec.hybrid.head_depth={depth}: the head's chains must fit spec.num_speculative_tokens={k}"
