@@ -63,49 +63,33 @@ def test_the_grafted_checkpoint_keeps_the_trunks_greedy_tokens_and_drafts_with_i
     assert drafted == expected  # ... and greedy verification kept the trunk's tokens
 
 
-def test_spec_mtp_on_a_checkpoint_without_an_mtp_layer_says_how_to_graft_one(tmp_path):
+def refused_at_start(tmp_path, match: str, *overrides: str) -> None:
+    """``python -m recipe.dapo`` with ``overrides`` stops with a ConfigError matching ``match`` before writing its run."""
     from hydra import compose, initialize_config_dir
 
     from recipe.dapo.__main__ import CONFIG_DIR, run
     from recipe.dapo.config import ConfigError
 
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-        cfg = compose(
-            "dapo",
-            overrides=[
-                f"actor_rollout_ref.model.path={MODEL}",
-                "backend=verl",
-                "spec=mtp",
-                f"trainer.default_local_dir={tmp_path / 'run'}",
-            ],
-        )
-    with pytest.raises(ConfigError, match=r"spec=mtp: .* has no MTP layer .*python -m mtp.graft"):
+        cfg = compose("dapo", overrides=[*overrides, f"trainer.default_local_dir={tmp_path / 'run'}"])
+    with pytest.raises(ConfigError, match=match):
         run(cfg)
     assert not (tmp_path / "run").exists()
+
+
+def test_spec_mtp_on_a_checkpoint_without_an_mtp_layer_says_how_to_graft_one(tmp_path):
+    refused_at_start(
+        tmp_path, r"spec=mtp: .* has no MTP layer .*python -m mtp.graft",
+        f"actor_rollout_ref.model.path={MODEL}", "backend=verl", "spec=mtp",
+    )  # fmt: skip
 
 
 def test_spec_mtp_deeper_than_the_head_was_trained_names_the_key_and_how_to_train_it(checkpoints, tmp_path):
-    from hydra import compose, initialize_config_dir
-
-    from recipe.dapo.__main__ import CONFIG_DIR, run
-    from recipe.dapo.config import ConfigError
-
     _, grafted = checkpoints  # a fresh graft: its layer drafts one token a step
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-        cfg = compose(
-            "dapo",
-            overrides=[
-                f"actor_rollout_ref.model.path={grafted}",
-                "spec=mtp",
-                "spec.num_speculative_tokens=3",
-                f"trainer.default_local_dir={tmp_path / 'run'}",
-            ],
-        )
-    with pytest.raises(
-        ConfigError, match=r"spec.num_speculative_tokens=3: .* 1 token\(s\) .*recipe.mtp_head --depth 3"
-    ):
-        run(cfg)
-    assert not (tmp_path / "run").exists()
+    refused_at_start(
+        tmp_path, r"spec.num_speculative_tokens=3: .* 1 token\(s\) .*recipe.mtp_head --depth 3",
+        f"actor_rollout_ref.model.path={grafted}", "spec=mtp", "spec.num_speculative_tokens=3",
+    )  # fmt: skip
 
 
 def test_vllm_serve_drafts_deep_with_the_built_in_head_as_users_deploy_it(tmp_path):
