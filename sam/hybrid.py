@@ -90,11 +90,6 @@ class HeadAcceptance:
         """Engine-wide, the chance a depth-d token is accepted given depths 1..d-1 were."""
         return (self.accepted + HEAD_PRIOR_WEIGHT * self.prior) / (self.reached + HEAD_PRIOR_WEIGHT)
 
-    @property
-    def engine_wide(self) -> float:
-        """Engine-wide, the chance the first token is accepted."""
-        return float(self.by_depth[0])
-
     def chances(self, req_ids: list[str]) -> np.ndarray:
         """[rows, depth]: each row's chance that its chain's tokens 1..d are all accepted."""
         rates = self.by_depth

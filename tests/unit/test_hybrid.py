@@ -82,7 +82,7 @@ def test_a_checkpoint_keeps_the_engine_wide_head_acceptance_not_the_prior() -> N
         head.observe("a", 1, 0)
     resumed = HeadAcceptance([0.9])
     resumed.load_state_dict(head.state_dict())
-    assert resumed.engine_wide == head.engine_wide < 0.2  # the prior's 0.9 would draft where the head fails
+    assert resumed.by_depth[0] == head.by_depth[0] < 0.2  # the prior's 0.9 would draft where the head fails
     assert resumed.chances(["new"]).tolist() == head.chances(["new"]).tolist()
 
 
