@@ -29,10 +29,13 @@ def test_vllm_loads_mimo_with_its_mtp_drafter(fp32_engine):
 
 
 def prometheus_spec_counters(llm) -> SpecCounters:
-    """vLLM's process-wide ``vllm:spec_decode_*`` counters (every engine of the process adds to them)."""
-    values = {m.name: int(getattr(m, "value", 0)) for m in llm.get_metrics()}
+    """vLLM's process-wide ``vllm:spec_decode_*`` counters, per-depth ones included (every engine of the process adds
+    to them)."""
+    metrics = llm.get_metrics()
+    values = {m.name: int(getattr(m, "value", 0)) for m in metrics}
     names = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
-    return SpecCounters(*(values.get(f"vllm:spec_decode_{n}", 0) for n in names))
+    per_pos = next((m.values for m in metrics if m.name == "vllm:spec_decode_num_accepted_tokens_per_pos"), ())
+    return SpecCounters(*(values.get(f"vllm:spec_decode_{n}", 0) for n in names), tuple(int(v) for v in per_pos))
 
 
 def test_greedy_tokens_match_training_module_and_mtp_drafts(fp32_engine, harness_model):
