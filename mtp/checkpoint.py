@@ -13,7 +13,6 @@ ours (a space kept with the digit after it). In a directory without ``config.jso
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -170,22 +169,3 @@ def load_checkpoint(path: str | Path, dtype: torch.dtype = torch.float32) -> MiM
             )
     model.load_state_dict(state, strict=not cfg.tie_word_embeddings)
     return model.to(dtype)
-
-
-def labelled_checkpoint(text: str) -> tuple[str, Path]:
-    """An argparse type for ``LABEL=CHECKPOINT_DIR`` (the policies the head scripts compare), naming a bad value."""
-    label, sep, path = text.partition("=")
-    if not sep or not label or not path:
-        raise argparse.ArgumentTypeError(f"--policy {text!r}: expected LABEL=CHECKPOINT_DIR")
-    if not (Path(path) / CONFIG_FILE).is_file():
-        raise argparse.ArgumentTypeError(f"--policy {text!r}: {path} holds no {CONFIG_FILE} (a checkpoint directory)")
-    return label, Path(path)
-
-
-def with_start_head(model: MiMoForCausalLM, policy: Path, start_head: torch.nn.ModuleList, out: Path) -> Path:
-    """``model`` (loaded from the checkpoint ``policy``) with the starting MTP head in place of its own, written to
-    ``out`` at the policy's precision: what a frozen-head run serves at that policy. The head is replaced in ``model``
-    itself."""
-    model.model.mtp_layers.load_state_dict(start_head.state_dict())
-    dtype = getattr(torch, json.loads((Path(policy) / CONFIG_FILE).read_text()).get("torch_dtype", "float32"))
-    return save_checkpoint(model, load_tokenizer(policy), out, dtype=dtype)

@@ -93,7 +93,7 @@ BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")  # the x86 instructions vLLM CPU's 
 
 def slow_bfloat16_cpu(cpuinfo: str | None = None) -> bool:
     """Whether this CPU lacks native bfloat16 matmuls (x86 without AVX512-BF16 or AMX). There vLLM CPU emulates them
-    and samples several times slower than in float32 (results/real/dtype)."""
+    and samples several times slower than in float32 (results/FINDINGS.md)."""
     if cpuinfo is None:
         try:
             cpuinfo = Path("/proc/cpuinfo").read_text()
@@ -220,7 +220,7 @@ def make_llm(
     if options.dtype == "bfloat16" and not on_gpu() and slow_bfloat16_cpu():
         logging.getLogger(__name__).warning(
             "bfloat16 engine on a CPU without AVX512-BF16 or AMX: vLLM emulates bfloat16 matmuls here and samples several "
-            "times slower than in float32 (results/real/dtype); set actor_rollout_ref.rollout.dtype=float32"
+            "times slower than in float32 (results/FINDINGS.md); set actor_rollout_ref.rollout.dtype=float32"
         )
     llm = LLM(**kwargs)
     llm.llm_engine.logger_manager.stat_loggers.append(SpecCounterLogger())

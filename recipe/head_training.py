@@ -416,50 +416,6 @@ def head_figures(timeline: RolloutTimeline, responses: int) -> dict:
     }
 
 
-def swapped_head_rollouts(
-    ckpt: str | Path,
-    heads: dict[str, dict[str, torch.Tensor]],
-    prompts: list[list[int]],
-    n: int,
-    max_tokens: int,
-    seeds: Sequence[int],
-    draft_sample_method: str = "probabilistic",
-    dtype: str = "float32",
-    warmup: Sequence[list[int]] = (),
-    num_speculative_tokens: int = 1,
-) -> dict[str, list[tuple[dict, RolloutTimeline]]]:
-    """Several heads on one trunk, served in turn by one warm vLLM engine (method ``mtp``, T=1): for each seed, every
-    head's weights (a full state dict, trunk included) are pushed into the engine in place, the sampler is reseeded,
-    and one rollout is timed; the order of the heads alternates with the seed.
-
-    One engine takes the difference between engine instances out of a head-vs-head ratio (:func:`mtp_rollout` starts
-    one per rollout), and the reseed starts both heads' rollouts of a seed from the same random state: one head on both
-    sides samples the same tokens. It cannot take out the load of a shared machine over time: an A/A pair's tokens/s
-    still moved 0.94-1.09 on the 2-core CPU (results/real/online_vs_frozen)."""
-    from recipe.dapo.rollout import RolloutEngine
-    from recipe.engine import EngineOptions, speculative_config
-
-    spec = speculative_config("mtp", num_speculative_tokens, draft_sample_method=draft_sample_method)
-    engine = RolloutEngine(
-        str(ckpt), spec, EngineOptions(max_model_len=1024, seed=seeds[0], dtype=dtype), None, free_cache_engine=False
-    )
-    sampling = {"temperature": 1.0, "top_p": 1.0, "max_tokens": max_tokens}
-    out: dict[str, list[tuple[dict, RolloutTimeline]]] = {name: [] for name in heads}
-    try:
-        if warmup:
-            engine.generate(list(warmup), 1, {**sampling, "max_tokens": 32}, False)
-        for i, seed in enumerate(seeds):
-            names = list(heads) if i % 2 == 0 else list(heads)[::-1]
-            for name in names:
-                engine.sync_weights(heads[name])
-                engine.reseed(seed)
-                timeline = engine.generate(prompts, n, sampling).timeline
-                out[name].append((head_figures(timeline, len(prompts) * n), timeline))
-    finally:
-        engine.close()
-    return out
-
-
 def mtp_acceptance(*args, **kwargs) -> dict:
     """:func:`mtp_rollout`'s figures without the timeline (what the head reports keep)."""
     return mtp_rollout(*args, **kwargs)[0]

@@ -353,34 +353,6 @@ def timeline_plot(runs_dir: Path, path: Path) -> None:
     plt.close(fig)
 
 
-def swap_timelines_plot(timelines: dict[str, dict[str, list[dict]]], path: Path) -> None:
-    """Each policy's first pair of rollouts in a head swap (recipe/bench/head_swap.py: its own head, the starting
-    head): active requests and every engine step's duration over the rollout, the steps that prefilled a request
-    marked. Where a swap's time goes: the same prefill for both heads, then the decode a head changes."""
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(len(timelines), 2, figsize=(12, 3.6 * len(timelines)), squeeze=False)
-    for row, (label, heads) in zip(axes, timelines.items(), strict=True):
-        for head, rollouts in heads.items():
-            steps = rollouts[0]["steps"]
-            end = np.array([s["start_s"] + s["duration_s"] for s in steps])
-            duration = np.array([s["duration_s"] for s in steps])
-            prefill = np.array([s["started"] > 0 for s in steps])
-            (line,) = row[0].step(end, [s["active"] for s in steps], where="post", label=f"{head} head")
-            row[1].plot(end, duration, lw=1, color=line.get_color(), label=f"{head} head")
-            row[1].scatter(end[prefill], duration[prefill], s=18, color=line.get_color(), label=f"{head}: prefilled")
-        row[0].set_title(f"{label}: active requests (first pair)", fontsize=10)
-        row[1].set_title(f"{label}: engine step duration (s)", fontsize=10)
-        row[1].set_yscale("log")
-        for ax in row:
-            ax.set_xlabel("seconds into the rollout")
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 def load_timelines(run_dir: Path) -> dict[int, list]:
     """The run's saved rollout timelines by training step (one per generation round, per server on backend=verl)."""
 

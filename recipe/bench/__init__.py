@@ -1,27 +1,45 @@
 """The recipe's benchmarks, one subcommand each (``python -m recipe.bench NAME [options]``), every one writing the
-results folder a README cites. :data:`BENCHMARKS` is the registry the CLI lists."""
+results folder a README cites. :data:`BENCHMARKS` is the registry the CLI lists.
+
+A benchmark measured on a GPU machine that has torch but no vLLM or veRL (the lent device) runs a torch-only twin of
+its CPU measurement, chosen with ``--gpu``: ``python -m recipe.bench verify-cost --gpu --shape qwen3-8b``."""
 
 from __future__ import annotations
 
-BENCHMARKS: dict[str, tuple[str, str]] = {  # name -> (module under recipe.bench, what it measures, one line)
-    "rollout": ("rollout", "end-to-end rollouts per speculative mode, same-token pairs and 95% intervals"),
-    "sam": ("sam", "SAM's proposer cost per decode step against vLLM ngram and suffix, ingest, memory"),
-    "sam-real": ("sam_real", "drafters teacher-forced on the real model's rollouts, thresholds swept"),
-    "proposer": ("proposer", "the proposer's own time per engine step, by batch size"),
-    "verify-cost": ("verify_cost", "what verifying K drafted tokens costs a decode step, on this machine"),
-    "verify-cost-gpu": ("verify_cost_gpu", "the same on a GPU: SmolLM2's decode step as a CUDA graph"),
-    "mtp-overhead": ("mtp_overhead", "online MTP training's cost over a frozen head, local and veRL updates"),
-    "mtp-overhead-gpu": ("mtp_overhead_gpu", "online MTP training's cost over a frozen head on a GPU"),
-    "head-acceptance": ("head_acceptance", "an MTP head's drafts accepted at T=1 on held-out prompts, in vLLM"),
-    "head-fit": ("head_fit", "each head's fit to a trained policy: its acceptance against a head refitted to it"),
-    "head-swap": ("head_swap", "a frozen and an online head on one trunk in one engine: rollout speed, acceptance"),
-    "backends": ("backends", "backend=local against backend=verl: start-up, step time, processes, memory"),
-    "routing": ("routing", "prompt-affinity routing over vLLM server replicas against veRL's least-loaded"),
-    "dtype": ("dtype", "bfloat16 against float32 sampling speed on this CPU"),
-    "cost-model": (
-        "cost_model",
-        "the step-cost model fitted to measured step tables and checked where it was not fitted",
+from typing import NamedTuple
+
+
+class Benchmark(NamedTuple):
+    module: str  # under recipe.bench
+    line: str  # what it measures, one line
+    gpu_module: str | None = None  # the torch-only twin ``--gpu`` runs instead
+
+
+GPU_FLAG = "--gpu"
+
+BENCHMARKS: dict[str, Benchmark] = {
+    "rollout": Benchmark("rollout", "end-to-end rollouts per speculative mode, same-token pairs and 95% intervals"),
+    "sam": Benchmark("sam", "SAM's proposer cost per decode step against vLLM ngram and suffix, ingest, memory"),
+    "sam-real": Benchmark("sam_real", "drafters teacher-forced on the real model's rollouts, thresholds swept"),
+    "proposer": Benchmark("proposer", "the proposer's own time per engine step, by batch size"),
+    "verify-cost": Benchmark(
+        "verify_cost",
+        "what verifying K drafted tokens costs a decode step (--gpu: SmolLM2's or Qwen3's step as a CUDA graph)",
+        "verify_cost_gpu",
     ),
-    "replay": ("replay", "recorded rollouts replayed on the step-cost model; Qwen3-8B/32B on H100/H200 predicted"),
-    "base-model": ("base_model", "the embedded base model: pass@1, greedy accuracy, MTP acceptance"),
+    "mtp-overhead": Benchmark(
+        "mtp_overhead",
+        "online MTP training's cost over a frozen head, local and veRL updates (--gpu: the local update on a GPU)",
+        "mtp_overhead_gpu",
+    ),
+    "head-acceptance": Benchmark(
+        "head_acceptance", "an MTP head's drafts accepted at T=1 on held-out prompts, in vLLM"
+    ),
+    "cost-model": Benchmark(
+        "cost_model", "the step-cost model fitted to measured step tables and checked where it was not fitted"
+    ),
+    "replay": Benchmark(
+        "replay", "recorded rollouts replayed on the step-cost model; Qwen3-8B/32B on H100/H200 predicted"
+    ),
+    "base-model": Benchmark("base_model", "the embedded base model: pass@1, greedy accuracy, MTP acceptance"),
 }

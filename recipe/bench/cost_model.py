@@ -11,7 +11,7 @@
   verify_cost.json: the test prompts and 384-token prompts), fitted on the batches of ``--cpu-fit-batches`` at every
   context, the other batches held out, and the steps with its MTP head drafting (``K=mtp``), priced by
   :func:`recipe.cost_model.head_seconds`, never fitted;
-- ``<gpu>-<shape>``: a table ``recipe.bench verify-cost-gpu --shape qwen3-8b --out results/cost_model`` measured
+- ``<gpu>-<shape>``: a table ``recipe.bench verify-cost --gpu --shape qwen3-8b --out results/cost_model`` measured
   (``--gpu-table``), predicted from the H200 fit on its device's data sheet: never fitted. Absent until a GPU ran it.
 
     python -m recipe.bench cost-model
@@ -35,7 +35,7 @@ PAPER_7B_K7 = {1: 1.06, 8: 1.30, 16: 1.35, 32: 1.70, 64: 2.70}
 
 
 def gpu_cells(rows: list[dict], table: str) -> list[Cell]:
-    """A verify-cost-gpu table's steps: each batch and context's plain step and every K's verify step, seconds."""
+    """A verify-cost --gpu table's steps: each batch and context's plain step and every K's verify step, seconds."""
     context = {(r["batch"], r.get("context", 320)) for r in rows}  # the table before --contexts held 320 only
     plain = {(r["batch"], r.get("context", 320)): r["plain_ms"] for r in rows}
     cells = [Cell(table, b, 0, float(c), plain[b, c] / 1e3) for b, c in sorted(context)]
@@ -95,7 +95,7 @@ def main() -> None:
         "--gpu-table",
         type=Path,
         default=RESULTS_DIR / "cost_model" / "verify_cost_gpu.json",
-        help="a verify-cost-gpu table of another shape, predicted from the H200 fit (skipped where absent)",
+        help="a verify-cost --gpu table of another shape, predicted from the H200 fit (skipped where absent)",
     )
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "cost_model")
     args = parser.parse_args()

@@ -12,7 +12,7 @@ policy's logits one position later as the teacher) over a random share of the se
 random weights in the model's shape (cost does not depend on their values). Modes alternate on the same batch; the
 overhead is the median over reps of online / frozen.
 
-    python -m recipe.bench mtp-overhead-gpu --out results/mtp   # on a machine with a CUDA GPU
+    python -m recipe.bench mtp-overhead --gpu --out results/mtp   # on a machine with a CUDA GPU
 """
 
 from __future__ import annotations
@@ -201,7 +201,7 @@ def main() -> None:
         lines = [
             f"# Online MTP overhead on a policy update, {args.model}'s shape, {device}",
             "",
-            f"Produced by `python -m recipe.bench mtp-overhead-gpu --rows {args.rows} --prompt {args.prompt} --response "
+            f"Produced by `python -m recipe.bench mtp-overhead --gpu --rows {args.rows} --prompt {args.prompt} --response "
             f"{args.response} --micro {args.micro} --mini {args.mini} --fractions {args.fractions} --objective {args.objective} "
             f"--reps {args.reps} --measure {args.measure}` "
             f"(torch {torch.__version__}): {args.rows} rows of {args.prompt} + {args.response} tokens ({tokens} tokens), "

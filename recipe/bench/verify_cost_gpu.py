@@ -16,8 +16,8 @@ eager steps with a wall clock instead (the tests run a tiny shape that way).
 draft length K would reach at each batch size on this GPU (T / cost), e.g. the tail figures measured on this model
 on the CPU (results/real, results/real/mtp_head): acceptance does not depend on the hardware.
 
-    python -m recipe.bench verify-cost-gpu   # on a machine with a CUDA GPU -> results/real/verify_cost/
-    python -m recipe.bench verify-cost-gpu --shape qwen3-8b --batches 1,4,16,64,256 --ks 1,2,4,8 \
+    python -m recipe.bench verify-cost --gpu   # on a machine with a CUDA GPU -> results/real/verify_cost/
+    python -m recipe.bench verify-cost --gpu --shape qwen3-8b --batches 1,4,16,64,256 --ks 1,2,4,8 \
         --contexts 2048,16384 --repeats 20 --out results/cost_model   # a few minutes on an H100 (not run yet)
 """
 
@@ -304,7 +304,7 @@ def main() -> None:
     )
     cost = {(r["context"], r["batch"], r["k"]): r for r in rows}
     command = (
-        f"python -m recipe.bench verify-cost-gpu --shape {args.shape} --batches {args.batches} --ks {args.ks} "
+        f"python -m recipe.bench verify-cost --gpu --shape {args.shape} --batches {args.batches} --ks {args.ks} "
         f"--contexts {args.contexts} --repeats {args.repeats}"
         + (f" --device {args.device}" if args.device != "cuda" else "")
         + (f" --tokens-per-step {args.tokens_per_step}" if drafters else "")

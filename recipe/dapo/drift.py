@@ -29,7 +29,7 @@ from mtp.model import MiMoForCausalLM, packed_positions, rope_cos_sin, run_mtp_l
 
 DRIFT_PROBE_FILE = "drift_probe.json"  # the probe's token ids, in the run directory
 CHUNK_TOKENS = 1024  # probe tokens scored per forward: bounds the [tokens, vocabulary] tensors of a measurement
-# what measure() returns for the tables that show it (recipe/summarize.py, recipe/bench/head_swap.py); the top-1
+# what measure() returns for the tables that show it (recipe/summarize.py); the top-1
 # agreement columns it also returns are left out of them
 METRIC_LABELS = {
     "drift/kl_from_start": "KL from start",

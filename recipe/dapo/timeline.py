@@ -187,21 +187,20 @@ def speed_by_active_requests(
 
 
 def speed_by_active_requests_vs_off(
-    timelines: dict[str, Iterable[RolloutTimeline]], reference: str = "off", decode_only: bool = False
+    timelines: dict[str, Iterable[RolloutTimeline]], decode_only: bool = False
 ) -> list[dict[str, float | str]]:
     """:func:`speed_by_active_requests` of each mode's rollouts, one row per mode and band, with the band's tokens/s
     per active request over spec off's (mode ``off``) in the same band (``request_tok_s_vs_off``; NaN without it).
-    Another ``reference`` mode takes spec off's place (a frozen head against an online one,
-    ``python -m recipe.bench head-swap``); the keys keep their names. ``decode_only``: as in :func:`speed_by_active_requests`."""
+    ``decode_only``: as in :func:`speed_by_active_requests`."""
     bands = {mode: speed_by_active_requests(tls, decode_only=decode_only) for mode, tls in timelines.items()}
-    return bands_vs_off(bands, reference)
+    return bands_vs_off(bands)
 
 
-def bands_vs_off(bands: dict[str, list[dict]], reference: str = "off") -> list[dict[str, float | str]]:
+def bands_vs_off(bands: dict[str, list[dict]]) -> list[dict[str, float | str]]:
     """Each mode's bands (:func:`speed_by_active_requests`) as rows of :func:`speed_by_active_requests_vs_off`: the
-    mode named, and its tokens/s per active request over ``reference``'s in the same band. Rows of that function
+    mode named, and its tokens/s per active request over spec off's in the same band. Rows of that function
     given again are renamed and their ratio recomputed (the columns keep their order)."""
-    off = bands.get(reference)
+    off = bands.get("off")
     return [
         {"mode": mode, **band}
         | {"mode": mode, "request_tok_s_vs_off": ratio(band["request_tok_s"], off[i]["request_tok_s"]) if off else NAN}
@@ -232,14 +231,13 @@ def saved_timelines(folder: Path) -> dict[int, list[Path]]:
     return {step: [p for _, _, p in sorted(files)] for step, files in sorted(found.items())}
 
 
-def equal_work_vs_off(bands: list[dict[str, float | str]], reference: str = "off") -> dict[str, float]:
+def equal_work_vs_off(bands: list[dict[str, float | str]]) -> dict[str, float]:
     """Per mode, the whole rollout's speed over spec off's at spec off's mix of batch sizes: off's time in each band
     of active requests, rescaled by the mode's tokens/s per request there against off's. At T=1 any accepted or
     rejected draft changes which tokens a rollout samples, so two modes' rollouts differ in how many of their
     responses run long, and their own tokens/s differ by that luck; this ratio compares the same work. NaN
-    without spec off's bands or where a mode has no step in a band off spends time in. ``reference``: as in
-    :func:`speed_by_active_requests_vs_off`."""
-    off = {i: b for i, b in enumerate(b for b in bands if b["mode"] == reference)}
+    without spec off's bands or where a mode has no step in a band off spends time in."""
+    off = {i: b for i, b in enumerate(b for b in bands if b["mode"] == "off")}
     if not off:
         return {}
     per_mode: dict[str, list[dict]] = {}

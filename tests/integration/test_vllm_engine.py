@@ -109,45 +109,6 @@ def test_engine_drafter_receives_the_trained_mtp_head(fp32_engine, harness_model
     assert any("input_proj" in k for k in moved) and any("mtp_block" in k for k in moved)  # the check can fail
 
 
-def test_heads_swapped_in_one_engine_sample_as_fresh_engines_of_each_head_checkpoint(harness_model, tmp_path):
-    """recipe/bench/head_swap.py times two heads on one trunk in one engine, pushing each head's weights in place
-    and reseeding before each rollout. Each head's rollout there must sample and accept exactly what a fresh engine
-    serving that head's checkpoint does from the same seed, and the two heads must draft differently."""
-    from mtp.checkpoint import load_tokenizer, save_checkpoint
-    from recipe.dapo.rollout import RolloutEngine
-    from recipe.head_training import head_figures, swapped_head_rollouts
-
-    policy = load_checkpoint(harness_model)
-    own = {name: t.clone() for name, t in policy.state_dict().items()}
-    gen = torch.Generator().manual_seed(2)
-    with torch.no_grad():  # another head on the same trunk, as an online run's head is to the frozen one
-        for p in policy.model.mtp_layers.parameters():
-            p.add_(0.3 * torch.randn(p.shape, generator=gen))
-    other_dir = save_checkpoint(policy, load_tokenizer(harness_model), tmp_path / "other", dtype=torch.float32)
-    prompts = [prompt_ids(str(harness_model), m) for m in GREEDY_PROMPTS[:3]]
-    seeds, n, sampling = [11, 12], 2, {"temperature": 1.0, "top_p": 1.0, "max_tokens": 48}
-    heads = {"own": own, "other": policy.state_dict()}
-    swapped = swapped_head_rollouts(harness_model, heads, prompts, n, 48, seeds, dtype="float32")
-    for _, timeline in swapped["own"] + swapped["other"]:
-        a = timeline.arrays()
-        assert a["started"].sum() == len(prompts) * n  # each request's prefill ends in one step
-        decode = a["started"] == 0  # a step that prefilled nothing drafts one token for every request it steps
-        assert decode.any() and (a["drafts"][decode] == a["stepped"][decode]).all()
-    spec = speculative_config("mtp", 1, draft_sample_method="probabilistic")
-    for name, ckpt in (("own", harness_model), ("other", other_dir)):
-        options = EngineOptions(max_model_len=1024, seed=seeds[0], dtype="float32")
-        engine = RolloutEngine(str(ckpt), spec, options, None, free_cache_engine=False)
-        try:
-            for seed, (figures, _) in zip(seeds, swapped[name], strict=True):
-                engine.reseed(seed)
-                fresh = head_figures(engine.generate(prompts, n, sampling).timeline, len(prompts) * n)
-                for key in ("acceptance", "tokens", "tokens_per_request_step"):
-                    assert figures[key] == fresh[key], (name, seed, key, figures[key], fresh[key])
-        finally:
-            engine.close()
-    assert [f["acceptance"] for f, _ in swapped["own"]] != [f["acceptance"] for f, _ in swapped["other"]]
-
-
 def _payoff_state(worker) -> dict:
     """Runs in the vLLM worker: what SAM's payoff rule learned from the engine's own steps, and the device prior this
     engine's config would give it on an H100."""

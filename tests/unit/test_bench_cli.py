@@ -15,15 +15,29 @@ from recipe.bench.__main__ import usage
 def test_help_lists_every_benchmark_with_its_line():
     listed = subprocess.run([sys.executable, "-m", "recipe.bench", "--help"], capture_output=True, text=True)
     assert listed.returncode == 0
-    for name, (_, line) in BENCHMARKS.items():
-        assert any(row.split() and row.split()[0] == name and line in row for row in listed.stdout.splitlines())
+    for name, bench in BENCHMARKS.items():
+        assert any(row.split() and row.split()[0] == name and bench.line in row for row in listed.stdout.splitlines())
     assert listed.stdout == usage()
 
 
-@pytest.mark.parametrize("name", sorted(BENCHMARKS))
-def test_every_benchmark_is_a_module_with_a_main(name):
-    module = importlib.import_module(f"recipe.bench.{BENCHMARKS[name][0]}")
+@pytest.mark.parametrize("module", sorted({m for b in BENCHMARKS.values() for m in (b.module, b.gpu_module) if m}))
+def test_every_benchmark_and_gpu_twin_is_a_module_with_a_main(module):
+    module = importlib.import_module(f"recipe.bench.{module}")
     assert callable(module.main) and module.__doc__
+
+
+def test_gpu_asked_of_a_benchmark_without_a_twin_is_one_line_and_exit_2():
+    run = subprocess.run([sys.executable, "-m", "recipe.bench", "rollout", "--gpu"], capture_output=True, text=True)
+    twins = ", ".join(n for n, b in BENCHMARKS.items() if b.gpu_module)
+    assert run.returncode == 2 and run.stderr.strip().splitlines() == [
+        f"error: rollout has no --gpu twin; those that do: {twins}"
+    ]
+
+
+def test_gpu_runs_the_twin_under_its_own_name():
+    run = subprocess.run([sys.executable, "-m", "recipe.bench", "verify-cost", "--gpu", "--help"], capture_output=True,
+                         text=True)  # fmt: skip
+    assert run.returncode == 0 and "python -m recipe.bench verify-cost --gpu" in run.stdout and "--shape" in run.stdout
 
 
 def test_an_unknown_benchmark_is_one_line_and_exit_2():

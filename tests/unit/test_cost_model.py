@@ -131,7 +131,7 @@ def test_the_recipe_registers_its_prior_where_the_sam_proposer_looks_for_one():
 
 
 def test_a_gpu_table_of_another_shape_is_predicted_from_the_h200_fit_never_fitted(tmp_path):
-    """What `recipe.bench verify-cost-gpu --shape qwen3-8b` writes (its rows: batch, k, context, plain_ms, step_ms)
+    """What `recipe.bench verify-cost --gpu --shape qwen3-8b` writes (its rows: batch, k, context, plain_ms, step_ms)
     joins validation.csv as held-out cells of its own table, named by the GPU and the shape."""
     shape, device = SHAPES["qwen3-8b"], DEVICES["h100"]
     rows = [

@@ -9,8 +9,6 @@ import torch
 import torch.nn.functional as F
 from test_mtp import tiny_model
 
-from mtp.checkpoint import load_checkpoint, save_checkpoint, with_start_head
-from recipe.bench import head_swap as frozen_head_drift
 from recipe.dapo.drift import CHUNK_TOKENS, DriftProbe, load_or_sample_probe
 
 TEMPERATURE = 0.7
@@ -99,39 +97,3 @@ def test_the_probe_is_sampled_once_and_read_back_by_a_resumed_run(tmp_path):
     first = load_or_sample_probe(tmp_path, sample)
     again = load_or_sample_probe(tmp_path, sample)
     assert calls == [1] and again == first
-
-
-def test_the_start_head_swapped_onto_a_policy_checkpoint_drafts_as_the_probe_scores_the_start_head(tmp_path):
-    """recipe/bench/head_swap.py serves what a frozen-head run would at a policy: the policy's trunk, the start's
-    head. The probe of the swapped checkpoint must see the policy's KL, and its own head must score as the start head
-    did on the policy."""
-    from recipe.data.task import generate_rows
-    from recipe.data.tokenizer import train_tokenizer
-
-    rows = generate_rows(200, seed=0, split="train")
-    tokenizer = train_tokenizer([r["extra_info"]["solution"] for r in rows], vocab_size=280)
-    start = tiny_model(seed=0)
-    policy = copy.deepcopy(start)
-    with torch.no_grad():
-        for i, p in enumerate(policy.parameters()):
-            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(i)) * 0.05)
-    policy_dir = save_checkpoint(policy, tokenizer, tmp_path / "policy", dtype=torch.float32)
-    probe = DriftProbe(copy.deepcopy(start), probe_sequences(), TEMPERATURE)
-    on_policy = probe.measure(load_checkpoint(policy_dir))
-    swapped = with_start_head(load_checkpoint(policy_dir), policy_dir, start.model.mtp_layers, tmp_path / "swapped")
-    on_swapped = probe.measure(load_checkpoint(swapped))
-    assert abs(on_swapped["drift/kl_from_start"] - on_policy["drift/kl_from_start"]) < 1e-7
-    for metric in ("mtp_accept", "mtp_top1", "mtp_accept_sampled"):
-        assert abs(on_swapped[f"drift/{metric}_head"] - on_policy[f"drift/{metric}_start_head"]) < 1e-6, metric
-    assert abs(on_policy["drift/mtp_accept_head"] - on_policy["drift/mtp_accept_start_head"]) > 1e-4
-
-
-def test_a_swaps_interval_leaves_out_undefined_pairs_and_says_how_many():
-    """An equal-work ratio is NaN for a pair where one rollout never ran at a batch size the other spent time at; the
-    report's interval is over the other pairs, with their count, where one NaN used to make the whole cell NaN."""
-    from recipe.ab.stats import ratio_interval_text
-
-    ratios = [1.04, float("nan"), 0.98, 1.03, 1.01]
-    assert frozen_head_drift.interval_text(ratios) == ratio_interval_text([1.04, 0.98, 1.03, 1.01]) + " (4 of 5 pairs)"
-    assert "nan" not in frozen_head_drift.interval_text(ratios)
-    assert frozen_head_drift.interval_text([1.04, 0.98]) == ratio_interval_text([1.04, 0.98])

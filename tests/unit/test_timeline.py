@@ -103,23 +103,6 @@ def test_speed_by_active_requests_vs_off_divides_band_by_band():
     assert all(r["request_tok_s_vs_off"] != r["request_tok_s_vs_off"] for r in without_off)
 
 
-def test_another_reference_takes_spec_offs_place_band_by_band_and_in_the_equal_work_ratio():
-    """recipe/bench/head_swap.py times an online head against a frozen one: the frozen head's rollouts in the
-    reference slot must give what they give under the name ``off``."""
-    from recipe.dapo.timeline import equal_work_vs_off
-
-    frozen = [timeline([(0.01, 20, 20, 20), (0.002, 1, 1, 1)])]
-    online = [timeline([(0.01, 20, 20, 40), (0.004, 1, 1, 3)]), timeline([(0.004, 1, 1, 3)])]
-    as_off = speed_by_active_requests_vs_off({"off": frozen, "own": online})
-    as_start = speed_by_active_requests_vs_off({"start": frozen, "own": online}, reference="start")
-    assert [r["request_tok_s_vs_off"] for r in as_start] == pytest.approx(
-        [r["request_tok_s_vs_off"] for r in as_off], nan_ok=True
-    )
-    assert equal_work_vs_off(as_start, reference="start")["own"] == pytest.approx(equal_work_vs_off(as_off)["own"])
-    assert equal_work_vs_off(as_start, reference="start")["own"] > 1.0  # 2x in 17-48, 1.5x alone
-    assert equal_work_vs_off(as_start) == {}  # no mode named off
-
-
 def drafting_timeline(steps: list[tuple[float, int, int, int, int, int]]) -> RolloutTimeline:
     """Steps of (duration s, active, stepped, tokens, drafts, accepted tokens), 3 draft tokens per draft."""
     tl = RolloutTimeline(num_requests=steps[0][1])

@@ -39,15 +39,17 @@ def test_tokens_per_step_names_the_bad_item():
 
 
 def test_the_step_table_runs_on_the_cpu_with_a_tiny_shape_and_names_each_context(tmp_path, monkeypatch):
-    """The GPU script's whole path (model, twin check, steps by context, batch and K, table) on the CPU: what a lent
-    GPU runs with --shape qwen3-8b, in seconds here."""
+    """The GPU twin's whole path from the CLI (model, twin check, steps by context, batch and K, table) on the CPU:
+    what a lent GPU runs with ``verify-cost --gpu --shape qwen3-8b``, in seconds here."""
     import json
     import sys
 
-    argv = ["verify-cost-gpu", "--shape", "tiny", "--device", "cpu", "--batches", "1,2", "--ks", "1,3",
+    from recipe.bench.__main__ import main
+
+    argv = ["verify-cost", "--gpu", "--shape", "tiny", "--device", "cpu", "--batches", "1,2", "--ks", "1,3",
             "--contexts", "8,24", "--repeats", "2", "--out", str(tmp_path)]  # fmt: skip
-    monkeypatch.setattr(sys, "argv", argv)
-    bench.main()
+    monkeypatch.setattr(sys, "argv", sys.argv[:1])
+    main(argv)  # the CLI's --gpu runs this twin of the CPU benchmark
     table = json.loads((tmp_path / "verify_cost_gpu.json").read_text())
     assert table["shape"] == "tiny" and table["check_vs_transformers_fp32"] < 1e-4
     assert {(r["context"], r["batch"], r["k"]) for r in table["rows"]} == {
@@ -62,6 +64,6 @@ def test_a_cuda_run_without_a_gpu_names_the_cpu_option(tmp_path, monkeypatch):
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    monkeypatch.setattr(sys, "argv", ["verify-cost-gpu", "--out", str(tmp_path)])
+    monkeypatch.setattr(sys, "argv", ["verify-cost --gpu", "--out", str(tmp_path)])
     with pytest.raises(SystemExit, match="--device cpu"):
         bench.main()
