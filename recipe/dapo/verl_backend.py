@@ -69,7 +69,7 @@ def launch_command(config_file: Path) -> list[str]:
     ]  # fmt: skip
 
 
-# What a CPU job needs before it starts, from the peak memory of one and two replicas (results/verl/backends.md),
+# What a CPU job needs before it starts, from the peak memory of one and two replicas (FINDINGS.md, the two backends),
 # rounded up per extra replica.
 CPU_GIB_FIRST_REPLICA = 7.5
 CPU_GIB_PER_EXTRA_REPLICA = 3.5
