@@ -17,9 +17,10 @@ shared machine fall on every mode alike instead of on whichever mode ran during 
 - (c) speed at equal batch size: decode steps pooled by active requests, tokens/s per active request against
   spec off's in the same band, and over all bands at spec off's mix (equal work: the modes' samples differ, and the
   long-tail figure compares tails of different sizes);
-- lossless in training: each mode's per-step reward and response length against spec off (two-sided
-  permutation test of the difference in means over steps, alpha 0.01), and the final greedy held-out accuracy
-  of every data source (Fisher's exact test on the problems solved);
+- lossless in training: each mode's per-step reward and response length against spec off's at the same step (the
+  same seed and data order), equivalence by two one-sided tests against stated margins
+  (:data:`recipe.ab.stats.EQUIVALENCE_MARGINS`), and the final greedy held-out accuracy of every data source (Fisher's
+  exact test on the problems solved);
 - means by quarter of the run: rollout tokens/s, acceptance length, the MTP head's top-1 and loss, reward;
 - plots: acceptance length, rollout throughput, reward and response length per step, and one rollout's
   timeline (active requests and tokens/s over time) for spec off against SAM.

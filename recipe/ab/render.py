@@ -12,7 +12,7 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from recipe.ab.runner import HEAD_MODES, base_mode, modes_on_disk, seed_dir, seeds_on_disk
-from recipe.ab.stats import ALPHA, QUARTER_METRICS, across_seeds, series, tables
+from recipe.ab.stats import ALPHA, EQUIVALENCE_ALPHA, EQUIVALENCE_MARGINS, QUARTER_METRICS, across_seeds, series, tables
 from recipe.dapo.run_dir import read_history
 from recipe.dapo.timeline import (
     RolloutTimeline,
@@ -121,27 +121,7 @@ def markdown(
             md(list(cells.values())),
         ]
     if t["lossless"]:
-        columns = {"mode": ("mode", ""), "score_mean": ("reward", ".3f"), "score_off": ("reward (off)", ".3f"),
-                   "score_p": ("p", ".3f"), "length_mean": ("response length", ".1f"),
-                   "length_off": ("response length (off)", ".1f"), "length_p": ("p", ".3f")}  # fmt: skip
-        for key in t["lossless"][0]:
-            if key.endswith("_greedy_acc"):
-                source = key.removesuffix("_greedy_acc")
-                columns |= {key: (f"final greedy acc, {source}", ".3f"), f"{key}_off": ("(off)", ".3f"),
-                            f"{source}_greedy_p": ("p", ".3f")}  # fmt: skip
-        rows = [r | {"agrees": "yes" if all(not (r[k] < ALPHA) for k in r if k.endswith("_p")) else "NO"}
-                for r in t["lossless"]]  # fmt: skip
-        lines += [
-            "",
-            "## Lossless in training",
-            "",
-            f"Per-step mean reward (before filtering) and response length of each mode against spec off: two-sided "
-            f"permutation test of equal means over steps; final greedy held-out accuracy: Fisher's exact test on "
-            f"the problems solved. A p-value below {ALPHA} would mean the mode changed what is learned beyond "
-            f"run-to-run noise.",
-            "",
-            md(rows, columns | {"agrees": ("agrees", "")}),
-        ]
+        lines += lossless_markdown(t["lossless"])
     if t.get("quarters"):
         labels = {key: (label, nd) for key, label, nd in QUARTER_METRICS}
         rows = [{"mode": r["mode"], "metric": labels[r["metric"]][0],
@@ -153,6 +133,54 @@ def markdown(
     lines += ["", "![acceptance](acceptance.png)", "", "![throughput](throughput.png)", ""]
     lines += ["![reward and length](reward_length.png)", "", "![drift](drift.png)", "", "![timeline](timeline.png)", ""]
     return "\n".join(lines)
+
+
+def verdict(r: dict) -> str:
+    """A mode's lossless-in-training verdict: ``yes`` where reward and length are shown equivalent and no greedy
+    accuracy differs at :data:`ALPHA`, ``NO`` where any differs, ``not shown`` otherwise."""
+    verdicts = [r["score_verdict"], r["length_verdict"]]
+    greedy = [r[k] for k in r if k.endswith("_greedy_p")]
+    if "differs" in verdicts or any(p < ALPHA for p in greedy):
+        return "NO"
+    return "yes" if all(v == "equivalent" for v in verdicts) else "not shown"
+
+
+def lossless_markdown(rows: list[dict]) -> list[str]:
+    """The lossless-in-training section: per-step reward and length against spec off's by TOST on paired steps, and
+    the final greedy accuracy by Fisher's exact test."""
+    table = []
+    for r in rows:
+        row = {"mode": r["mode"]}
+        for name, label, unit in (("score", "reward", ""), ("length", "response length", "%")):
+            scale = 100 if unit else 1
+            row[label] = f"{cell(r[f'{name}_mean'], '.3f')} ({cell(r[f'{name}_off'], '.3f')})"
+            row[f"{label}: paired difference [90%]"] = (
+                f"{cell(scale * r[f'{name}_difference'], '+.3f')}{unit} "
+                f"[{cell(scale * r[f'{name}_low'], '+.3f')}, {cell(scale * r[f'{name}_high'], '+.3f')}]"
+            )
+            row[f"{label}: verdict"] = r[f"{name}_verdict"]
+        for key in r:
+            if key.endswith("_greedy_acc"):
+                source = key.removesuffix("_greedy_acc")
+                row[f"final greedy acc, {source} (off)"] = f"{cell(r[key], '.3f')} ({cell(r[f'{key}_off'], '.3f')})"
+                row[f"{source}: p"] = cell(r[f"{source}_greedy_p"], ".3f")
+        table.append(row | {"same learning": verdict(r)})
+    margins = ", ".join(
+        f"{key} ±{100 * m:.0f}% of spec off's mean" if relative else f"{key} ±{m:g}"
+        for key, (m, relative) in EQUIVALENCE_MARGINS.items()
+    )
+    return [
+        "",
+        "## Lossless in training",
+        "",
+        f"Each mode against spec off, run with the same seed and data order: per-step reward (before filtering) and "
+        f"response length by two one-sided tests (TOST) on the steps' paired differences (the {100 * (1 - 2 * EQUIVALENCE_ALPHA):.0f}% "
+        f"interval of their mean, Newey-West error for their correlation over steps) against the margins {margins}: "
+        f"'equivalent' inside them, 'differs' wholly outside, 'not shown' in between. Final greedy held-out accuracy: "
+        f"Fisher's exact test on the problems solved (p below {ALPHA}: differs).",
+        "",
+        md(table),
+    ]
 
 
 SEED_COLUMNS = {

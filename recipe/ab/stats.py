@@ -10,7 +10,14 @@ from scipy import stats
 
 from recipe.dapo.report import held_out_keys
 
-ALPHA = 0.01  # significance level of the lossless-in-training tests
+ALPHA = 0.01  # significance level of the final greedy accuracy's test (Fisher's exact)
+EQUIVALENCE_ALPHA = 0.05  # each one-sided test of TOST: the difference's 90% interval is read against the margin
+# how far a mode's per-step metric may sit from spec off's and still count as the same learning: metric -> (margin,
+# relative to spec off's mean). Reward is +1/-1 per response: 0.1 is 5 points of accuracy.
+EQUIVALENCE_MARGINS = {
+    "train/gen_score_mean": (0.1, False),
+    "response_length/mean": (0.1, True),
+}
 
 
 def series(h: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
@@ -28,15 +35,51 @@ def mean_of(h: list[dict], key: str, second_half: bool = False) -> float:
     return float(values.mean()) if len(values) else float("nan")
 
 
-def permutation_p(a: np.ndarray, b: np.ndarray) -> float:
-    """Two-sided permutation test of equal means over steps (no distribution assumed; seeded, so reports
-    reproduce)."""
-    if len(a) < 2 or len(b) < 2:
-        return math.nan
-    res = stats.permutation_test(
-        (a, b), lambda x, y, axis: x.mean(axis) - y.mean(axis), vectorized=True, n_resamples=20000, rng=0
+def newey_west_se(d: np.ndarray) -> float:
+    """Standard error of the mean of a series whose neighbours correlate (Newey-West, Bartlett weights, lag
+    ``floor(4 (n/100)^(2/9))``): a training run's per-step differences carry its trend and its recent updates, so the
+    i.i.d. error understates the uncertainty.
+
+    Example: a series whose steps repeat in pairs (lag-1 correlation 0.5) has about 1.4x the i.i.d. error."""
+    n = d.size
+    centred = d - d.mean()
+    lag = min(int(4 * (n / 100) ** (2 / 9)), n - 1)
+    variance = float(centred @ centred) / n
+    for k in range(1, lag + 1):
+        variance += 2 * (1 - k / (lag + 1)) * float(centred[k:] @ centred[:-k]) / n
+    return math.sqrt(max(variance, 0.0) / n)
+
+
+def paired_equivalence(h: list[dict], off: list[dict], key: str) -> dict[str, float | str]:
+    """Whether a mode learned what spec off learned, by two one-sided tests (TOST) on per-step differences: the
+    runs share seed and data order, so step t of both saw the same prompts and the difference removes what the step's
+    prompts and the run's trend share. The difference (absolute, or relative to spec off's mean: see
+    :data:`EQUIVALENCE_MARGINS`) has a ``1 - 2 * EQUIVALENCE_ALPHA`` interval (Student's t, Newey-West error); the mode
+    is ``equivalent`` where that interval lies inside the margin, ``differs`` where it lies wholly outside it, and
+    ``not shown`` otherwise (too few or too noisy steps to tell).
+
+    Example: reward differences of +0.01 a step with an interval [-0.03, 0.05] inside the margin 0.1: equivalent."""
+    margin, relative = EQUIVALENCE_MARGINS[key]
+    mine, theirs = dict(zip(*series(h, key), strict=True)), dict(zip(*series(off, key), strict=True))
+    steps = sorted(set(mine) & set(theirs))
+    d = np.array([mine[t] - theirs[t] for t in steps], dtype=float)
+    if relative and d.size:
+        d = d / abs(np.mean([theirs[t] for t in steps]))
+    if d.size < 3:
+        return {"difference": math.nan, "low": math.nan, "high": math.nan, "p_tost": math.nan, "verdict": "not shown"}
+    centre, se = float(d.mean()), newey_west_se(d)
+    df = d.size - 1
+    half = float(stats.t.ppf(1 - EQUIVALENCE_ALPHA, df)) * se
+    low, high = centre - half, centre + half
+    p_tost = float(max(stats.t.sf((centre + margin) / se, df), stats.t.cdf((centre - margin) / se, df))) if se else 0.0
+    verdict = (
+        "equivalent"
+        if -margin < low and high < margin
+        else "differs"
+        if low > margin or high < -margin
+        else "not shown"
     )
-    return float(res.pvalue)
+    return {"difference": centre, "low": low, "high": high, "p_tost": p_tost, "verdict": verdict}
 
 
 def ratio_interval(ratios, level: float = 0.95) -> tuple[float, float, float]:
@@ -106,17 +149,10 @@ def tables(runs: dict[str, list[dict]], val_n: int) -> dict[str, list[dict]]:
             row["step_gain_pct"] = 100 * (mean_of(off, "timing_s/step") / row["total_s_per_step"] - 1)
         ascend.append(row)
         if off and mode != "off":
-            score, score_off = series(h, "train/gen_score_mean")[1], series(off, "train/gen_score_mean")[1]
-            length, length_off = series(h, "response_length/mean")[1], series(off, "response_length/mean")[1]
-            row = {
-                "mode": mode,
-                "score_mean": float(score.mean()),
-                "score_off": float(score_off.mean()),
-                "score_p": permutation_p(score, score_off),
-                "length_mean": float(length.mean()),
-                "length_off": float(length_off.mean()),
-                "length_p": permutation_p(length, length_off),
-            }
+            row = {"mode": mode}
+            for name, key in (("score", "train/gen_score_mean"), ("length", "response_length/mean")):
+                row |= {f"{name}_mean": mean_of(h, key), f"{name}_off": mean_of(off, key)}
+                row |= {f"{name}_{k}": v for k, v in paired_equivalence(h, off, key).items()}
             for key in greedy_keys(off):  # veRL's val-core/<data_source>/acc/greedy, one per data source
                 source = key.split("/")[1]
                 row[f"{source}_greedy_acc"], row[f"{source}_greedy_acc_off"] = final(h, key), final(off, key)
