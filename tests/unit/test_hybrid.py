@@ -2,12 +2,13 @@
 learned acceptance per depth of its draft chain, and the draft probabilities vLLM's rejection sampler reads."""
 
 import json
+import time
 
 import numpy as np
 import pytest
 import torch
 
-from sam.hybrid import HeadAcceptance, HybridSAM, RowDraftProbs, recorded_acceptance
+from sam.hybrid import HeadAcceptance, HybridSAM, RowDraftProbs, recorded_acceptance, timed_on_device
 from sam.vllm import SAMProposer, standalone_config
 
 K = 4
@@ -194,3 +195,26 @@ def test_the_heads_sampling_cost_is_fitted_against_the_steps_rows_not_a_differen
     resumed = HeadCost()
     resumed.load_state_dict(fit.state_dict())
     assert resumed.row_seconds(8) == fit.row_seconds(8)
+
+
+class NotReadyYet:
+    """What a GPU's head returns: the launch is back at once, the token ids only once the device has computed them."""
+
+    def __init__(self, compute_s: float) -> None:
+        self.compute_s = compute_s
+
+    def tolist(self) -> list[list[int]]:
+        time.sleep(self.compute_s)  # reading waits for the device
+        return [[7, 8]]
+
+
+@pytest.mark.parametrize("read", [True, False])
+def test_the_heads_time_includes_the_device_work_behind_its_result(read):
+    """The hybrid prices the head by :func:`sam.hybrid.timed_on_device`: with drafts to read, the clock runs until the
+    ids are back (the device's work included); with nothing to read, on a CPU nothing is queued behind the launch."""
+
+    ids, seconds = timed_on_device(lambda: NotReadyYet(0.05), read, "cpu")
+    if read:
+        assert ids == [[7, 8]] and seconds >= 0.05
+    else:
+        assert ids is None and seconds < 0.05
