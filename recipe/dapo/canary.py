@@ -43,10 +43,10 @@ class AcceptanceCanary:
     def __init__(self) -> None:
         self.level: dict[str, list[float]] = {}  # source -> [draft tokens, accepted], decayed
 
-    def check(self, step: int, counts: dict[str, tuple[int, int]]) -> dict[str, float]:
-        """``counts``: per source, the draft tokens sent and accepted in step ``step``'s rollouts (after the sync that
-        ended the step before). Returns the step's canary metrics and updates the levels."""
-        metrics: dict[str, float] = {}
+    def verdicts(self, counts: dict[str, tuple[int, int]]) -> dict[str, tuple[float, float, float, bool]]:
+        """Per source with enough draft tokens now and before: (acceptance now, level before, p, fell), against the
+        levels as they stand (nothing updated: a step still running can be judged on its drafts so far)."""
+        out = {}
         for source, (drafted, accepted) in sorted(counts.items()):
             level = self.level.get(source)
             if drafted >= MIN_DRAFTS and level is not None and level[0] >= MIN_DRAFTS:
@@ -54,18 +54,39 @@ class AcceptanceCanary:
                 after = accepted / drafted
                 p_value = float(binom.cdf(accepted, drafted, before))  # so few acceptances at the level before
                 fell = p_value < ALPHA and after < (1.0 - MIN_FALL) * before and source in SYNCED_SOURCES
-                prefix = f"rollout/canary_{source}"
-                metrics.update(
-                    {f"{prefix}_acceptance": after, f"{prefix}_level_before": before, f"{prefix}_fell": float(fell)}
-                )
-                if fell:
-                    logger.warning(
-                        "acceptance canary: step %d, %s drafts accepted %.3f (%d of %d draft tokens) after the weight "
-                        "sync, %.3f before (p = %.1g): check that the sync reached the drafter (an MTP head the sync "
-                        "skipped keeps its old or dummy weights)",
-                        step, source, after, accepted, drafted, before, p_value,
-                    )  # fmt: skip
+                out[source] = (after, before, p_value, fell)
+        return out
+
+    def warn(self, step: int, counts: dict[str, tuple[int, int]]) -> list[str]:
+        """Log a warning for every source that fell in ``counts`` (step ``step``'s drafts, whole or so far); returns
+        those sources."""
+        fallen = []
+        for source, (after, before, p_value, fell) in self.verdicts(counts).items():
+            if fell:
+                drafted, accepted = counts[source]
+                logger.warning(
+                    "acceptance canary: step %d, %s drafts accepted %.3f (%d of %d draft tokens) after the weight "
+                    "sync, %.3f before (p = %.1g): check that the sync reached the drafter (an MTP head the sync "
+                    "skipped keeps its old or dummy weights)",
+                    step, source, after, accepted, drafted, before, p_value,
+                )  # fmt: skip
+                fallen.append(source)
+        return fallen
+
+    def check(self, step: int, counts: dict[str, tuple[int, int]], warn: bool = True) -> dict[str, float]:
+        """``counts``: per source, the draft tokens sent and accepted in step ``step``'s rollouts (after the sync that
+        ended the step before). Returns the step's canary metrics, warns (unless ``warn`` is off: a live check warned
+        already) and updates the levels."""
+        metrics: dict[str, float] = {}
+        for source, (after, before, _, fell) in self.verdicts(counts).items():
+            prefix = f"rollout/canary_{source}"
+            metrics.update(
+                {f"{prefix}_acceptance": after, f"{prefix}_level_before": before, f"{prefix}_fell": float(fell)}
+            )
+        if warn:
+            self.warn(step, counts)
+        for source, (drafted, accepted) in counts.items():
             if drafted:
-                old = level or [0.0, 0.0]
+                old = self.level.get(source) or [0.0, 0.0]
                 self.level[source] = [LEVEL_DECAY * old[0] + drafted, LEVEL_DECAY * old[1] + accepted]
         return metrics

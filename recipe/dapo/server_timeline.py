@@ -19,8 +19,11 @@ from __future__ import annotations
 
 import bisect
 import json
+import logging
 import os
 import socket
+import threading
+import time
 from pathlib import Path
 
 from recipe.dapo.canary import AcceptanceCanary
@@ -29,6 +32,9 @@ from recipe.dapo.timeline import RolloutTimeline, StepRecord, step_rollout_metri
 from sam.counts import TIMELINE_DIR_ENV  # the directory every server writes its rows to (re-exported)
 
 FLUSH_ROWS = 256
+CANARY_FILE = "canary.jsonl"  # the live canary's rows, one per checked step: {"step", "t", "launch", "warned_at", ...}
+
+logger = logging.getLogger(__name__)
 
 
 def _stat_logger_base() -> type:
@@ -137,15 +143,11 @@ def to_timeline(rows: list[dict]) -> RolloutTimeline:
 
 
 def draft_counts_by_step(
-    directory: Path, windows: dict[int, tuple[float, float]], engines: dict[str, list[dict]], source: str
+    drafters: list[list[dict]], engines: dict[str, list[dict]], windows: dict[int, tuple[float, float]], source: str
 ) -> dict[int, dict[str, tuple[int, int]]]:
     """Draft tokens sent and accepted in each step's window, by source: from the hybrid drafters' cumulative rows
-    (sam/counts.py: ``drafter-*.jsonl``) where there are any, else every server's timeline totals as ``source`` (the
-    spec method's one source)."""
-    drafters = [
-        [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-        for path in sorted(directory.glob("drafter-*.jsonl"))
-    ]
+    (sam/counts.py: ``drafter-*.jsonl``, one list per file) where there are any, else every server's timeline totals
+    (engine rows by file) as ``source`` (the spec method's one source)."""
     out: dict[int, dict[str, tuple[int, int]]] = {}
     for step, (start, end) in windows.items():
         counts: dict[str, list[int]] = {}
@@ -166,12 +168,110 @@ def draft_counts_by_step(
     return out
 
 
-def rollout_metrics_by_step(
-    out_dir: Path, validated: set[int], tail_threshold: int, source: str | None = None
-) -> dict[int, dict[str, float]]:
-    """``rollout/*`` metrics per training step from the servers' rows; timelines saved under ``timelines/``. With the
-    drafting ``source`` (the spec method), the acceptance canary's too (recipe/dapo/canary.py), its warnings logged
-    as the metrics are collected."""
+class JsonlTail:
+    """The rows appended to a JSONL file since the last :meth:`read` (a line still being written waits for the next)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.offset = path, 0
+
+    def read(self) -> list[dict]:
+        if not self.path.is_file():
+            return []
+        with self.path.open("rb") as fh:
+            fh.seek(self.offset)
+            data = fh.read()
+        end = data.rfind(b"\n") + 1
+        self.offset += end
+        return [json.loads(x) for x in data[:end].splitlines() if x.strip()]
+
+
+class LiveCanary:
+    """The acceptance canary (recipe/dapo/canary.py) run by the launcher while a veRL job trains: every ``poll_s`` it
+    reads the rows the servers and drafters appended and the steps the job marked (this launch's), checks each step
+    as soon as its mark lands and the step still running on its drafts so far, so that a sync that broke the head is
+    reported in the launcher's log while training goes on, not when the job ends (or never, when it fails). Each
+    checked step's ``rollout/canary_*`` metrics and the time its warning was logged go to :data:`CANARY_FILE` as they
+    are found: a launcher killed later loses none of them; :func:`canary_rows` reads them back.
+
+    Example: the head broken by step 1's update is warned about during step 2's rollout once 50 of its draft tokens
+    were judged, and step 2's row is written when the job marks step 2."""
+
+    def __init__(self, out_dir: Path, source: str, launch: float, resumed_from: int, poll_s: float = 1.0) -> None:
+        self.out_dir, self.source, self.launch, self.poll_s = Path(out_dir), source, launch, poll_s
+        self.directory = self.out_dir / "server_timeline"
+        self.canary = AcceptanceCanary()
+        self.running_step = resumed_from + 1  # the step whose rollouts run now
+        self.open_since = launch  # ... since this time (the previous mark)
+        self.warned_at: dict[int, float] = {}  # step -> when its fall was logged
+        self._tails: dict[Path, JsonlTail] = {}
+        self._rows: dict[Path, list[dict]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="live-canary", daemon=True)
+
+    def __enter__(self) -> LiveCanary:
+        self.replay_earlier()
+        self._thread.start()
+        return self
+
+    def replay_earlier(self) -> None:
+        """A relaunch's canary starts from the levels an uninterrupted run would have: the steps up to the one it
+        resumed from, checked again in order from what the earlier launches' servers wrote (no warning, no row)."""
+        windows = step_windows(read_marks(self.out_dir))
+        drafters, engines = self._read("drafter-*.jsonl"), dict(enumerate(self._read("engine-*.jsonl")))
+        earlier = {s: w for s, w in windows.items() if s < self.running_step}
+        for step, counts in sorted(draft_counts_by_step(drafters, engines, earlier, self.source).items()):
+            self.canary.check(step, counts, warn=False)
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.poll()  # the marks and rows the job wrote after the last poll
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            try:
+                self.poll()
+            except Exception:  # the job goes on without its canary; the failure is in the launcher's log
+                logger.exception("live acceptance canary: a poll failed")
+
+    def _read(self, pattern: str) -> list[list[dict]]:
+        for path in sorted(self.directory.glob(pattern)):
+            tail = self._tails.setdefault(path, JsonlTail(path))
+            self._rows.setdefault(path, []).extend(tail.read())
+        return [rows for path, rows in self._rows.items() if path.match(pattern)]
+
+    def poll(self, now: float | None = None) -> None:
+        """Check every step marked since the last poll, then the running step's drafts so far."""
+        now = time.time() if now is None else now
+        marks = [m for m in read_marks(self.out_dir) if m["launch"] == self.launch]
+        drafters = self._read("drafter-*.jsonl")
+        engines = dict(enumerate(self._read("engine-*.jsonl")))
+        closed = {s: w for s, w in step_windows(marks).items() if s >= self.running_step}
+        for step, window in sorted(closed.items()):
+            counts = draft_counts_by_step(drafters, engines, {step: window}, self.source)[step]
+            if step not in self.warned_at and self.canary.warn(step, counts):
+                self.warned_at[step] = now
+            metrics = self.canary.check(step, counts, warn=False)
+            row = {"step": step, "t": now, "launch": self.launch, "warned_at": self.warned_at.get(step), **metrics}
+            with (self.out_dir / CANARY_FILE).open("a") as fh:
+                fh.write(json.dumps(row) + "\n")
+            self.running_step, self.open_since = step + 1, window[1]
+        step = self.running_step
+        if step not in self.warned_at:
+            counts = draft_counts_by_step(drafters, engines, {step: (self.open_since, now)}, self.source)[step]
+            if self.canary.warn(step, counts):
+                self.warned_at[step] = now
+
+
+def canary_rows(out_dir: Path) -> dict[int, dict]:
+    """The live canary's rows by step (:class:`LiveCanary`), a relaunch's replacing a killed launch's."""
+    path = Path(out_dir) / CANARY_FILE
+    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.is_file() else []
+    return {r["step"]: r for r in sorted(rows, key=lambda r: r["t"])}
+
+
+def rollout_metrics_by_step(out_dir: Path, validated: set[int], tail_threshold: int) -> dict[int, dict[str, float]]:
+    """``rollout/*`` metrics per training step from the servers' rows; timelines saved under ``timelines/``."""
     marks, directory = read_marks(out_dir), out_dir / "server_timeline"
     if not marks or not directory.is_dir():
         return {}
@@ -197,10 +297,4 @@ def rollout_metrics_by_step(
                     summaries.append(summary)
         if summaries:
             metrics[step] = step_rollout_metrics(summaries)
-    if source is not None:
-        canary = AcceptanceCanary()
-        counts = draft_counts_by_step(directory, windows, rows_by_engine, source)
-        for step in sorted(counts):
-            if step in metrics:
-                metrics[step].update(canary.check(step, counts[step]))
     return metrics

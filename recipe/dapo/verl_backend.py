@@ -32,7 +32,7 @@ from recipe.dapo.config import ConfigError, accelerators, apply_overrides
 from recipe.dapo.job import JOB_ENV, end_stale_job, run_job
 from recipe.dapo.report import plot_run
 from recipe.dapo.run_dir import latest_step, merge_tracking, rewind_to_logged_checkpoint, tracking_path, write_history
-from recipe.dapo.server_timeline import TIMELINE_DIR_ENV, rollout_metrics_by_step
+from recipe.dapo.server_timeline import TIMELINE_DIR_ENV, LiveCanary, canary_rows, rollout_metrics_by_step
 from recipe.dapo.step_marks import STEP_MARKS_ENV, marks_env
 from recipe.verl_cpu import PLATFORM_ENV, PLATFORM_NAME
 
@@ -187,16 +187,17 @@ def worker_env_overrides(env: dict[str, str]) -> dict[str, object]:
     return {"+ray_kwargs.ray_init.runtime_env.env_vars": {k: env[k] for k in keys if k in env}}
 
 
-def collect_metrics(out_dir: Path, tail_threshold: int, spec_method: str | None = None) -> list[dict]:
+def collect_metrics(out_dir: Path, tail_threshold: int) -> list[dict]:
     """``metrics.jsonl`` of a veRL run: the launches' tracking files merged, each step with the ``rollout/*``
-    metrics of its rollouts in the servers (the local backend's names; with the run's ``spec_method``, the
-    acceptance canary's)."""
+    metrics of its rollouts in the servers (the local backend's names) and the live acceptance canary's."""
     rows = {r["step"]: r for r in merge_tracking(out_dir)}
     validated = {s for s, r in rows.items() if any(k.startswith("val-core/") for k in r)}
-    source = None if spec_method in (None, "off") else spec_method
-    for step, metrics in rollout_metrics_by_step(out_dir, validated, tail_threshold, source).items():
+    for step, metrics in rollout_metrics_by_step(out_dir, validated, tail_threshold).items():
         if step in rows:
             rows[step].update(metrics)
+    for step, canary in canary_rows(out_dir).items():
+        if step in rows:
+            rows[step].update({k: v for k, v in canary.items() if k.startswith("rollout/")})
     history = [rows[s] for s in sorted(rows)]
     write_history(out_dir, history)
     return history
@@ -237,9 +238,15 @@ def run_verl(cfg: DictConfig, verl_cfg: DictConfig) -> DictConfig | list[dict]:
         preflight_cpu(cfg)
     elif accelerators(device) == 0:
         raise BackendUnavailableError(f"trainer.device={device}: no {device} device is visible to this process")
-    code = run_job(command, env, job_file)
+    source = str(cfg.spec.method)
+    if source == "off":
+        code = run_job(command, env, job_file)
+    else:  # each draft source's acceptance checked after every weight sync while the job trains
+        launch = json.loads(env[STEP_MARKS_ENV])
+        with LiveCanary(out_dir, source, launch["launch"], launch["resumed_from"]):
+            code = run_job(command, env, job_file)
     if code != 0:
         raise RuntimeError(f"veRL's trainer exited with code {code}; its command: {out_dir / 'verl_launch.sh'}")
-    history = collect_metrics(out_dir, int(cfg.recipe.long_tail_threshold), str(cfg.spec.method))
+    history = collect_metrics(out_dir, int(cfg.recipe.long_tail_threshold))
     plot_run(history, out_dir / "curves.png", title=f"{cfg.trainer.project_name} / {cfg.trainer.experiment_name}")
     return history
