@@ -50,8 +50,8 @@ EXPLORE_CHANCE = 0.5  # ... with the draft tokens at least this likely to be acc
 PRICED_AFTER = 8  # timed steps before a step's cost is priced
 PRIOR_MIN_ROW_SHARE = 0.01  # the prior (a draft token costs a request) prices drafts only where requests carry at
 # least this share of the mean step's cost; below it the prior calls drafts free, so drafting waits for a timed step
-# that carried drafts (an exploring one): on CI a tiny model's per-row cost fitted exactly 0 and, the prior's price
-# being 0, the engine never drafted, never explored, and never learned what a draft costs
+# that carried drafts (an exploring one): a prior price of 0 for a model whose per-row cost fits 0 would otherwise
+# send no draft, explore nothing, and never learn what a draft costs
 CATCH_UP_EVERY = 4  # where no draft token can pay, the drafter works (takes the tokens verified since, settles
 # and starts shadow drafts) on one step in this many (sam.vllm.SAMProposer.propose)
 

@@ -10,7 +10,7 @@ naming the source and the step; ``rollout/canary_<source>_*`` metrics record eve
 The floor is what keeps the alarm honest: draft tokens come in responses (a response that repeats itself accepts
 most of its drafts), so a step of few responses varies far more than the token-level test assumes, and the policy's
 own update and the head's first AdamW steps move acceptance too. A head the sync broke or left on dummy weights
-accepts at chance (under 1% for the harness model's head), far below half its level; a stale head that merely lags
+accepts at chance, far below half its level; a stale head that merely lags
 the policy decays slowly, and is what the A/B's frozen-against-online rows measure, not this alarm.
 """
 
@@ -23,12 +23,12 @@ from scipy.stats import binom
 logger = logging.getLogger(__name__)
 
 ALPHA = 1e-4  # the chance of a false alarm per source and step, were draft tokens independent
-MIN_FALL = 0.5  # ... and the fall must be at least this share of the level before (a healthy run of the veRL tests,
-# 8-16 responses a step, has fallen by more than 0.3 of its level)
+MIN_FALL = 0.5  # ... and the fall must be at least this share of the level before (a healthy run's steps of few
+# responses move by a good share of it)
 MIN_DRAFTS = 50  # draft tokens a source needs, before and after, to be checked
 SYNCED_SOURCES = ("mtp",)  # the sources whose drafts come from synced weights: only their fall can be a broken sync.
 # A model-free source's acceptance is reported too, but its fall is the text's or, in the hybrid, the rows the head
-# left to it (a broken head hands SAM its harder rows: SAM's acceptance fell by a third when the head broke)
+# left to it (a broken head hands SAM its harder rows, and SAM's acceptance falls on them)
 LEVEL_DECAY = 0.5  # the level before: earlier steps' counts, each step's weighed this much less than the next's
 
 
