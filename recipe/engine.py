@@ -184,7 +184,7 @@ def make_llm(
     """An in-process ``vllm.LLM`` over ``model`` with the given speculative config, stats enabled."""
     from vllm import LLM
 
-    from mtp.checkpoint import tokenizer_path
+    from recipe.vllm_tokenizer import tokenizer_args
 
     options = options or EngineOptions()
     util = options.gpu_memory_utilization
@@ -199,7 +199,7 @@ def make_llm(
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     kwargs: dict[str, Any] = dict(
         model=model,
-        tokenizer=tokenizer_path(model),
+        **tokenizer_args(model),
         dtype=options.dtype,
         max_model_len=options.max_model_len,
         max_num_seqs=options.max_num_seqs,

@@ -54,6 +54,8 @@ def run_job(args: list[str], out: Path) -> None:
         proc = subprocess.run(args, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=fh, stderr=subprocess.STDOUT,
                               cwd=REPO, timeout=900)  # fmt: skip
     assert proc.returncode == 0, log.read_text()[-5000:]
+    errors = [line for line in log.read_text().splitlines() if " ERROR " in line]
+    assert not errors, errors[:3]  # a healthy run prints no ERROR (a new user reads one as a failure)
 
 
 def metrics(out: Path) -> list[dict]:

@@ -121,6 +121,9 @@ def test_vllm_serve_drafts_deep_with_the_built_in_head_as_users_deploy_it(tmp_pa
         with urllib.request.urlopen(f"{base}/metrics", timeout=30) as page:
             metrics = page.read().decode()
     assert len(response["choices"]) == len(QUESTIONS) and all(c["text"] for c in response["choices"])
+    # the recipe's tokenizer mode loads the checkpoint's tokenizer/ without vLLM's config probe and its ERROR lines
+    errors = [line for line in (tmp_path / "timeline.log").read_text().splitlines() if " ERROR " in line]
+    assert not errors, errors[:3]
     per_pos = {
         int(pos): float(value)
         for pos, value in re.findall(

@@ -59,13 +59,14 @@ def _post(url: str, body: dict) -> dict:
 def _running_server(model: Path, timeline_dir: Path, *spec_args: str):
     """A vLLM API server over ``model`` with ``spec_args``, writing its timeline to ``timeline_dir``: its base URL.
     The whole process group is killed and its /dev/shm entries removed afterwards."""
-    from mtp.checkpoint import tokenizer_path
+    from recipe.vllm_tokenizer import tokenizer_args
 
     log_path = timeline_dir.parent / f"{timeline_dir.name}.log"
     port = _free_port()
     cmd = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-        "--tokenizer", tokenizer_path(str(model)), "--host", "127.0.0.1", "--port", str(port),
+        *(f"--{k.replace('_', '-')}={v}" for k, v in tokenizer_args(model).items()),
+        "--host", "127.0.0.1", "--port", str(port),
         "--dtype", "float32", "--enforce-eager", "--max-model-len", "256", "--gpu-memory-utilization", "0.05",
         "--seed", "0", *spec_args,
     ]  # fmt: skip
