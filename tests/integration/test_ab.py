@@ -87,7 +87,7 @@ def test_two_mode_ab_runs_and_writes_tables_and_plots(harness_model, tmp_path):
     assert 0 < lossless[0]["tiny_sum_greedy_p"] <= 1  # held-out key of the data source
     # two paired steps cannot show the same learning either way: the report says so rather than "yes"
     assert lossless[0]["score_verdict"] == lossless[0]["length_verdict"] == "not shown"
-    assert "| sam |" in readme and readme.count("not shown") >= 3
+    assert readme.count("not shown") >= 3
     # every run side by side: seed 1 sampled other responses; sam's speed against spec off's of its own seed
     seeds = {(r["mode"], r["seed"]): r for r in json.loads((out / "tables.json").read_text())["seeds"]}
     assert set(seeds) == {("off", 0), ("sam", 0), ("off", 1)} and "## Across seeds" in readme
