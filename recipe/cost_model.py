@@ -22,9 +22,11 @@ Shapes are the models' published configs; devices their data-sheet peaks (dense 
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -69,11 +71,13 @@ class Device:
 
 
 def shape_from_config(name: str, config: dict, bytes_per_param: int = 2) -> ModelShape:
-    """A shape from Hugging Face config fields (a built-in model's, recipe/models.py)."""
+    """A shape from Hugging Face config fields (a built-in model's, recipe/models.py, or a user's ``config.json``):
+    ``head_dim`` defaults to hidden / heads and ``num_key_value_heads`` to the heads, as transformers' do."""
+    heads = config["num_attention_heads"]
     return ModelShape(
-        name, config["num_hidden_layers"], config["hidden_size"], config["intermediate_size"],
-        config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"], config["vocab_size"],
-        bytes_per_param,
+        name, config["num_hidden_layers"], config["hidden_size"], config["intermediate_size"], heads,
+        config.get("num_key_value_heads") or heads, config.get("head_dim") or config["hidden_size"] // heads,
+        config["vocab_size"], bytes_per_param,
     )  # fmt: skip
 
 
@@ -314,3 +318,38 @@ def engine_prior(vllm_config, device: Device) -> list[list[float]]:
         shape, device, GPU_FIT, int(vllm_config.scheduler_config.max_num_seqs), int(model.max_model_len),
         int(vllm_config.speculative_config.num_speculative_tokens),
     )  # fmt: skip
+
+
+CELL_COLUMNS = ("gpu", "model", "tp", "batch", "context", "k")  # a step to price: what `cost-model predict` reads
+
+
+def shape_named(model: str) -> ModelShape:
+    """A shape in :data:`SHAPES`, or one read from the path of a Hugging Face ``config.json``."""
+    if model in SHAPES:
+        return SHAPES[model]
+    path = Path(model)
+    if path.is_file():
+        try:
+            return shape_from_config(path.parent.name or path.stem, json.loads(path.read_text()))
+        except (KeyError, ValueError, TypeError) as err:
+            raise ValueError(f"model {model!r}: not a decoder's config.json ({err})") from err
+    raise ValueError(f"model {model!r}: neither a built-in shape ({', '.join(SHAPES)}) nor a config.json file")
+
+
+def predict_step(gpu: str, model: str, tp: int, batch: int, context: float, k: int) -> float:
+    """Seconds of one step, as :data:`CELL_COLUMNS` name it: on ``tp`` data-sheet ``gpu`` devices (:data:`DEVICES`,
+    not the CPU), ``batch`` requests of ``context`` KV tokens each verifying ``k`` drafts (0: a plain decode step),
+    from the fit carried from SmolLM2's H200 step (:data:`GPU_FIT`). Raises ValueError naming a bad value.
+
+    Example: ``predict_step("h100", "qwen3-8b", 1, 16, 2048, 4)`` over ``..., 0)`` is what verifying four drafts a
+    request costs a 16-request step of Qwen3-8B, as docs/gains.md reads it."""
+    device = DEVICES.get(str(gpu).lower())
+    if device is None or device.name.startswith("cpu"):
+        known = ", ".join(d for d in DEVICES if not d.startswith("cpu"))
+        raise ValueError(f"gpu {gpu!r}: no data sheet here (known: {known})")
+    for name, value, low in (("tp", tp, 1), ("batch", batch, 1), ("k", k, 0)):
+        if not isinstance(value, int) or value < low:
+            raise ValueError(f"{name} {value!r}: an integer >= {low}")
+    if not context >= 0:
+        raise ValueError(f"context {context!r}: KV tokens per request, >= 0")
+    return step_seconds(shape_named(model), tensor_parallel(device, tp), GPU_FIT, batch, context, k)

@@ -15,6 +15,13 @@
   (``--gpu-table``), predicted from the H200 fit on its device's data sheet: never fitted. Absent until a GPU ran it.
 
     python -m recipe.bench cost-model
+
+``predict`` prices a user's own steps from the same carried fit: ``cells.csv`` has the columns ``gpu, model, tp,
+batch, context, k`` (``model`` a built-in shape or the path of a Hugging Face ``config.json``; ``k`` the draft
+tokens per request, 0 for a plain decode step); ``pred.csv`` repeats them in order with ``seconds`` added. A bad row
+is named in one line (exit 2).
+
+    python -m recipe.bench cost-model predict --cells cells.csv --out pred.csv
 """
 
 from __future__ import annotations
@@ -22,11 +29,22 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
 
-from recipe.cost_model import DEVICES, SHAPES, Cell, cell_errors, device_named, fit, max_abs_error
+from recipe.cost_model import (
+    CELL_COLUMNS,
+    DEVICES,
+    SHAPES,
+    Cell,
+    cell_errors,
+    device_named,
+    fit,
+    max_abs_error,
+    predict_step,
+)
 from recipe.paths import RESULTS_DIR
 
 MEASURED = RESULTS_DIR / "real" / "verify_cost"
@@ -86,7 +104,44 @@ def plot(rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+def predict(argv: list[str]) -> None:
+    """``cost-model predict``: each row of ``--cells`` priced (:func:`recipe.cost_model.predict_step`)."""
+    import pandas as pd
+
+    parser = argparse.ArgumentParser(prog="python -m recipe.bench cost-model predict", description=predict.__doc__)
+    parser.add_argument("--cells", type=Path, required=True, help=f"CSV with the columns {', '.join(CELL_COLUMNS)}")
+    parser.add_argument("--out", type=Path, required=True, help="CSV: the cells in order, with seconds added")
+    args = parser.parse_args(argv)
+    if not args.cells.is_file():
+        parser.exit(2, f"error: --cells {args.cells}: no such file\n")
+    cells = pd.read_csv(args.cells, dtype=str, keep_default_na=False)
+    missing = [c for c in CELL_COLUMNS if c not in cells.columns]
+    if missing:
+        parser.exit(2, f"error: --cells {args.cells}: missing column(s) {', '.join(missing)}\n")
+    seconds = []
+    for line, row in enumerate(cells.itertuples(index=False), start=2):  # the header is line 1
+        try:
+            values = {c: getattr(row, c).strip() for c in CELL_COLUMNS}
+            numbers = {}
+            for column, kind in (("tp", int), ("batch", int), ("k", int), ("context", float)):
+                try:
+                    numbers[column] = kind(values[column])
+                except ValueError:
+                    raise ValueError(
+                        f"{column} {values[column]!r}: not {'an integer' if kind is int else 'a number'}"
+                    ) from None
+            seconds.append(predict_step(values["gpu"], values["model"], **numbers))
+        except ValueError as err:
+            parser.exit(2, f"error: --cells {args.cells}, line {line}: {err}\n")
+    cells["seconds"] = [f"{s:.6g}" for s in seconds]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    cells.to_csv(args.out, index=False)
+    print(f"{len(cells)} steps priced -> {args.out}")
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["predict"]:
+        return predict(sys.argv[2:])
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--paper-device", default="h100", choices=sorted(DEVICES))
     parser.add_argument("--paper-context", type=float, default=2048.0, help="KV tokens per request in the paper cells")
