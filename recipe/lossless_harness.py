@@ -28,8 +28,11 @@ from pathlib import Path
 import numpy as np
 
 from recipe.paths import REPO_ROOT
+from recipe.tables import markdown
 
 END = -1  # position after the sequence ended
+HARNESS_COLUMNS = ("sampler", "setting", "p vs vLLM spec off", "p vs HF generate", "max per-position TV vs off",
+                   "drafts", "accepted / drafted")  # fmt: skip
 DEFAULT_PROMPT = [{"role": "user", "content": "Add the numbers: 3 5 2 7 4"}]
 
 
@@ -257,22 +260,17 @@ def main(argv: list[str] | None = None) -> None:
     settings = [Setting(*map(float, s.split(":"))) for s in opts.settings.split(",")]
     ref = sample_vllm(opts.model, "off", settings, opts.n, opts.max_tokens, seed=1, dtype=opts.dtype)
     hf = {s.name: sample_hf(opts.model, s, opts.n, opts.max_tokens, seed=3) for s in settings}
-    lines = [
-        "| sampler | setting | p vs vLLM spec off | p vs HF generate | max per-position TV vs off | drafts | accepted / drafted |",
-        "|---|---|---|---|---|---|---|",
-    ]
+    table = []  # sampler, setting, p vs vLLM spec off, p vs HF generate, max TV vs off, drafts, accepted / drafted
     for s in settings:
         c = compare(ref[s.name], hf[s.name])
-        lines.append(f"| vLLM spec off | {s.name} | - | {c.p_value:.3g} | - | - | - |")
+        table.append(["vLLM spec off", s.name, "-", f"{c.p_value:.3g}", "-", "-", "-"])
     # the test's power: spec off at 0.85 of the first setting's temperature, which a lossless sampler must not resemble
     first = settings[0]
     biased = Setting(round(0.85 * first.temperature, 4), first.top_p)
     control = sample_vllm(opts.model, "off", [biased], opts.n, opts.max_tokens, seed=4, dtype=opts.dtype)
     c_off, c_hf = compare(control[biased.name], ref[first.name]), compare(control[biased.name], hf[first.name])
-    lines.append(
-        f"| power: spec off at T={biased.temperature} against {first.name} | {first.name} | {c_off.p_value:.3g} | "
-        f"{c_hf.p_value:.3g} | {c_off.max_tv:.3f} | - | - |"
-    )
+    table.append([f"power: spec off at T={biased.temperature} against {first.name}", first.name,
+                  f"{c_off.p_value:.3g}", f"{c_hf.p_value:.3g}", f"{c_off.max_tv:.3f}", "-", "-"])  # fmt: skip
     for method in opts.methods.split(","):
         got = sample_vllm(
             opts.model, method, settings, opts.n, opts.max_tokens, seed=2, patch=not opts.no_patch, dtype=opts.dtype
@@ -281,13 +279,12 @@ def main(argv: list[str] | None = None) -> None:
             c_off, c_hf = compare(got[s.name], ref[s.name]), compare(got[s.name], hf[s.name])
             drafts, drafted, accepted = got[s.name + "_accepted"]
             label = f"vLLM {method}" + (" (plugin off)" if opts.no_patch else "")
-            lines.append(
-                f"| {label} | {s.name} | {c_off.p_value:.3g} | {c_hf.p_value:.3g} | {c_off.max_tv:.3f} | {drafts} | {accepted}/{drafted} |"
-            )
-        print("\n".join(lines), flush=True)
+            table.append([label, s.name, f"{c_off.p_value:.3g}", f"{c_hf.p_value:.3g}", f"{c_off.max_tv:.3f}",
+                          drafts, f"{accepted}/{drafted}"])  # fmt: skip
+        print(markdown(table, HARNESS_COLUMNS), flush=True)
     if opts.out:
         Path(opts.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(opts.out).write_text("\n".join(lines) + "\n")
+        Path(opts.out).write_text(markdown(table, HARNESS_COLUMNS) + "\n")
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from recipe.dapo.drift import METRIC_LABELS
+from recipe.tables import markdown
 
 
 def problem_accuracy(path: Path) -> pd.Series:
@@ -90,6 +91,11 @@ def pooled_rise(validation_dirs: list[Path]) -> list[dict]:
 
 
 # the drift probe's columns and the engine's own acceptance in the same step
+QUARTER_KEYS = (  # the run's metrics the summary averages by quarter of its steps
+    "critic/score/mean", "train/gen_score_mean", "response_length/mean", "train/num_gen_batches",
+    "rollout/throughput_tok_s", "rollout/tail_throughput_tok_s", "rollout/spec_accept_length", "timing_s/gen",
+    "timing_s/step",
+)  # fmt: skip
 DRIFT_COLUMNS = (
     *METRIC_LABELS.items(),
     ("rollout/spec_draft_acceptance_rate", "engine: drafts accepted"),
@@ -109,12 +115,11 @@ def drift_table(history: list[dict]) -> list[str]:
         "Drift probe per step (expected acceptance of one draft token on the step's policy, over the starting policy's "
         "probe responses; the engine's acceptance is over the step's own rollout):",
         "",
-        "| step | " + " | ".join(name for _, name in DRIFT_COLUMNS) + " |",
-        "|---|" + "---|" * len(DRIFT_COLUMNS),
+        *markdown(
+            [[r["step"], *(f"{r[key]:.3f}" if key in r else "-" for key, _ in DRIFT_COLUMNS)] for r in rows],
+            ["step", *(name for _, name in DRIFT_COLUMNS)],
+        ).splitlines(),
     ]
-    for r in rows:
-        cells = [f"{r[key]:.3f}" if key in r else "-" for key, _ in DRIFT_COLUMNS]
-        lines.append(f"| {r['step']} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -155,13 +160,11 @@ def main() -> None:
         "",
         "Means over each quarter of the run's steps:",
         "",
-        "| metric | steps " + " | steps ".join(f"{q[0]['step']}-{q[-1]['step']}" for q in quarters if q) + " |",
-        "|---|" + "---|" * sum(1 for q in quarters if q),
+        *markdown(
+            [[f"`{key}`", *(f"{mean(key, q):.3f}" for q in quarters if q)] for key in QUARTER_KEYS],
+            ["metric", *(f"steps {q[0]['step']}-{q[-1]['step']}" for q in quarters if q)],
+        ).splitlines(),
     ]
-    for key in ("critic/score/mean", "train/gen_score_mean", "response_length/mean", "train/num_gen_batches",
-                "rollout/throughput_tok_s", "rollout/tail_throughput_tok_s", "rollout/spec_accept_length",
-                "timing_s/gen", "timing_s/step"):  # fmt: skip
-        lines.append(f"| `{key}` | " + " | ".join(f"{mean(key, q):.3f}" for q in quarters if q) + " |")
     for row in heldout_rise(run / "validation"):
         steps_line = ", ".join(f"step {k}: {v:.3f}" for k, v in row["by_step"].items())
         lines += [

@@ -22,6 +22,7 @@ from recipe.dapo.timeline import (
     speed_by_active_requests_vs_off,
 )
 from recipe.provenance import commit, machine
+from recipe.tables import markdown as markdown_table
 
 
 def cell(x: object, spec: str) -> str:
@@ -32,12 +33,11 @@ def cell(x: object, spec: str) -> str:
 def md(rows: list[dict], columns: dict[str, tuple[str, str]] | None = None) -> str:
     """A markdown table of ``rows``: ``columns`` maps a row key to (header, format spec), headers may repeat
     (default: every key of the first row, as it is)."""
-    from tabulate import tabulate
-
     columns = columns or {key: (key, "") for key in rows[0]}
     shown = [key for key in columns if key in rows[0]]
-    cells = [[str(cell(r[key], columns[key][1])) for key in shown] for r in rows]
-    return tabulate(cells, headers=[columns[key][0] for key in shown], tablefmt="pipe", disable_numparse=True)
+    return markdown_table(
+        [[cell(r[key], columns[key][1]) for key in shown] for r in rows], [columns[k][0] for k in shown]
+    )
 
 
 SLIME_COLUMNS = {

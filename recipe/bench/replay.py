@@ -43,6 +43,7 @@ from recipe.cost_model import (
 from recipe.engine import HEAD_METHODS
 from recipe.paths import RESULTS_DIR
 from recipe.replay import ACTIVE_BANDS, SPEC_OFF, Drafter, StepCost, band_index, replay, response_lengths
+from recipe.tables import markdown
 
 OUT = RESULTS_DIR / "cost_model"
 CPU_SHAPE, CPU_DEVICE = "smollm2-135m-fp32", "cpu-2core"
@@ -170,11 +171,12 @@ def cpu(args: argparse.Namespace) -> None:
     out.sort(key=lambda r: (order[r["regime"]], r["mode"]))
     args.out.mkdir(parents=True, exist_ok=True)
     write_csv(args.out / "replay_cpu.csv", out)
-    print("| mode | regime | measured s | predicted s | error (median of repeats; range, repeats) | fitted |")
-    print("|---|---|---|---|---|---|")
-    for r in out:
-        print(f"| {r['mode']} | {r['regime']} | {r['measured']:.2f} | {r['predicted']:.2f} | {r['error']:+.1%} "
-              f"({r['error_min']:+.1%} to {r['error_max']:+.1%}, {r['repeats']}) | {r['fitted']} |")  # fmt: skip
+    print(markdown(
+        [[r["mode"], r["regime"], f"{r['measured']:.2f}", f"{r['predicted']:.2f}",
+          f"{r['error']:+.1%} ({r['error_min']:+.1%} to {r['error_max']:+.1%}, {r['repeats']})", r["fitted"]]
+         for r in out],
+        ["mode", "regime", "measured s", "predicted s", "error (median of repeats; range, repeats)", "fitted"],
+    ))  # fmt: skip
 
 
 def measured_drafters(path: Path) -> list[Drafter]:
@@ -252,12 +254,7 @@ def gpu_table(rows: list[dict]) -> str:
     def label(name: str, k: int | None, tps: float | None) -> str:
         return f"K={k}, {tps:g} tok/step" if name == "payoff" else f"{name} (SmolLM2's)"
 
-    lines = [
-        "| model | GPU | max tokens | requests at once | off: rollout s | "
-        + " | ".join(label(*c) for c in GPU_TABLE_COLUMNS)
-        + " |",
-        "|---|---|---|---|---|" + "---|" * len(GPU_TABLE_COLUMNS),
-    ]
+    table = []
     for key in dict.fromkeys((r["model"], r["device"], r["max_tokens"]) for r in rows):
         group = [r for r in rows if (r["model"], r["device"], r["max_tokens"]) == key]
         cells = []
@@ -269,12 +266,16 @@ def gpu_table(rows: list[dict]) -> str:
             ]
             cells.append(f"{hit[0]['vs_off']:.2f}x ({hit[0]['tail_vs_off']:.2f}x)" if hit else "-")
         first = group[0]
-        lines.append(
-            f"| {key[0]} | {key[1]} | {key[2]} | {first['max_num_seqs']} | {first['off_rollout_s']:.0f} | "
-            + " | ".join(cells)
-            + " |"
-        )
-    return "\n".join(lines) + "\n"
+        table.append([*key, first["max_num_seqs"], f"{first['off_rollout_s']:.0f}", *cells])
+    headers = [
+        "model",
+        "GPU",
+        "max tokens",
+        "requests at once",
+        "off: rollout s",
+        *(label(*c) for c in GPU_TABLE_COLUMNS),
+    ]
+    return markdown(table, headers) + "\n"
 
 
 def main() -> None:

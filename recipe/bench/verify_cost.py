@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from recipe.paths import REPO_ROOT
+from recipe.tables import markdown
 
 
 def fixed_draft_spec(k: int | str) -> dict:
@@ -186,12 +187,12 @@ def main() -> None:
             "",
             f"Prompts: {'the test prompts' if p == 0 else f'{p} tokens'} (steady steps' context about {context:.0f}).",
             "",
-            "| batch | spec off ms/step | " + " | ".join(f"K={k}" for k in priced) + " |",
-            "|---|---|" + "---|" * len(priced),
-        ]
-        for b in batches:
-            cells_ = " | ".join(f"{cost[p, b, k]['cost_vs_off']:.2f}x" for k in priced)
-            lines.append(f"| {b} | {cost[p, b, 0]['step_ms']:.2f} | {cells_} |")
+            markdown(
+                [[b, f"{cost[p, b, 0]['step_ms']:.2f}", *(f"{cost[p, b, k]['cost_vs_off']:.2f}x" for k in priced)]
+                 for b in batches],
+                ["batch", "spec off ms/step", *(f"K={k}" for k in priced)],
+            ),
+        ]  # fmt: skip
         if emitted:
             lines += [
                 "",
@@ -199,12 +200,11 @@ def main() -> None:
                 "to end (" + ", ".join(f"K={k}: {t:.2f}" for k, t in emitted.items()) + "): tokens per request-step "
                 "/ cost.",
                 "",
-                "| batch | " + " | ".join(f"K={k}" for k in emitted) + " |",
-                "|---|" + "---|" * len(emitted),
+                markdown(
+                    [[b, *(f"{t / cost[p, b, k]['cost_vs_off']:.2f}x" for k, t in emitted.items())] for b in batches],
+                    ["batch", *(f"K={k}" for k in emitted)],
+                ),
             ]
-            for b in batches:
-                ceilings = " | ".join(f"{t / cost[p, b, k]['cost_vs_off']:.2f}x" for k, t in emitted.items())
-                lines.append(f"| {b} | {ceilings} |")
     # every turn's step time per cell, what recipe.bench cost-model fits
     steps = [{**{k: r[k] for k in ("prompt_tokens", "context", "batch", "k")},
               "ms": times[r["prompt_tokens"], r["batch"], r["k"]]} for r in rows]  # fmt: skip
