@@ -9,9 +9,11 @@ generate, update weights, sleep/wake, plus evaluation and the drafter's cross-ro
 from __future__ import annotations
 
 import logging
+import os
 import pickle
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -277,23 +279,47 @@ def _drafter_busy_on_worker(worker) -> np.ndarray | None:
     return None if busy is None else busy.copy()
 
 
+def save_drafter_state_on_worker(worker, path: str) -> None:
+    """Runs in a vLLM worker of a veRL server (whose ``collective_rpc`` returns nothing): writes the drafter's memory
+    (:func:`_drafter_state_on_worker`, the requests in flight left out: veRL's trainer generates while it saves) to
+    ``path`` atomically, from the engine's first worker only; nothing for a drafter without memory."""
+    if getattr(worker, "rank", 0) != 0:
+        return
+    blob = _drafter_state_on_worker(worker, finish=False)
+    if blob is not None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(f"{path}.tmp")
+        tmp.write_bytes(blob)
+        os.replace(tmp, path)
+
+
+def load_drafter_state_on_worker(worker, path: str) -> None:
+    """Runs in a vLLM worker of a veRL server: the drafter's memory from ``path`` (:func:`save_drafter_state_on_worker`),
+    where the file exists."""
+    if Path(path).is_file():
+        _drafter_state_on_worker(worker, Path(path).read_bytes())
+        logger.info("drafter memory loaded from %s", path)
+
+
 def _draft_counts_on_worker(worker) -> dict[str, list[int]] | None:
     """Runs in a vLLM worker: the hybrid drafter's draft tokens sent and accepted by source (None for others)."""
     counts = getattr(getattr(worker.model_runner, "drafter", None), "counts", None)
     return None if counts is None else counts()
 
 
-def _drafter_state_on_worker(worker, blob: bytes | None = None) -> bytes | None:
+def _drafter_state_on_worker(worker, blob: bytes | None = None, finish: bool = True) -> bytes | None:
     """Runs in a vLLM worker: get (``blob=None``) or set the drafter's cross-rollout memory, as one pickled blob
     (vLLM's RPC turns nested bytes into memoryviews it cannot forward to workers): SAM's per-prompt history (and
     what spec=hybrid learned of its head), or the responses in suffix's global tree (recorded by
-    :func:`_record_suffix_tree_on_worker`). None for other drafters."""
+    :func:`_record_suffix_tree_on_worker`). None for other drafters. ``finish``: first file the requests SAM still
+    tracks into their prompts' histories (between rollouts; off where a rollout may be running)."""
     from sam.vllm import SAMProposer
 
     drafter = getattr(worker.model_runner, "drafter", None)
     if isinstance(getattr(drafter, "sam", drafter), SAMProposer):  # SAM, or spec=hybrid's MTP drafter with its SAM
         if blob is None:
-            drafter.finish_tracked()  # a rollout's last requests, still tracked, go into their prompts' histories
+            if finish:
+                drafter.finish_tracked()  # a rollout's last requests, still tracked, go into their prompts' histories
             return pickle.dumps(drafter.state_dict())
         drafter.load_state_dict(pickle.loads(blob))
         return None

@@ -167,7 +167,8 @@ def preflight_cpu(cfg: DictConfig) -> None:
 def launch_env(device: str, out_dir: Path) -> dict[str, str]:
     """The trainer's environment: the CPU platform for every veRL and vLLM process it starts, veRL's file logger
     writing next to the run (one file per launch; :func:`collect_metrics` merges them) and marking each step it
-    logs (step_marks.py), and the servers writing their timelines (server_timeline.py)."""
+    logs (step_marks.py), and the servers writing their timelines (server_timeline.py) and running the functions the
+    trainer sends them (verl_drafter_state.py)."""
     env = dict(os.environ)
     if device == "cpu":
         env[PLATFORM_ENV] = PLATFORM_NAME  # the platform gives the vLLM servers their CPU settings
@@ -175,15 +176,24 @@ def launch_env(device: str, out_dir: Path) -> dict[str, str]:
     env["VERL_FILE_LOGGER_PATH"] = str(tracking_path(out_dir, start))
     env[TIMELINE_DIR_ENV] = str(out_dir / "server_timeline")
     env.update(marks_env(out_dir, resumed_from=start))
+    # the trainer sends the servers' workers functions (recipe/dapo/verl_drafter_state.py), as the local engine does
+    env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     return env
 
 
 def worker_env_overrides(env: dict[str, str]) -> dict[str, object]:
     """On a running Ray cluster the job's workers are children of its raylets, not of the launcher, and do not
     inherit what :func:`launch_env` set (the CPU platform, the file logger's path and step marks, the servers'
-    timeline directory) nor the job's id that :func:`cleanup_job` finds them by: Ray's ``runtime_env`` carries them
-    to every worker of the job."""
-    keys = (PLATFORM_ENV, "VERL_FILE_LOGGER_PATH", TIMELINE_DIR_ENV, STEP_MARKS_ENV, JOB_ENV)
+    timeline directory, the servers' leave to run the trainer's functions) nor the job's id that :func:`cleanup_job`
+    finds them by: Ray's ``runtime_env`` carries them to every worker of the job."""
+    keys = (
+        PLATFORM_ENV,
+        "VERL_FILE_LOGGER_PATH",
+        TIMELINE_DIR_ENV,
+        STEP_MARKS_ENV,
+        JOB_ENV,
+        "VLLM_ALLOW_INSECURE_SERIALIZATION",
+    )
     return {"+ray_kwargs.ray_init.runtime_env.env_vars": {k: env[k] for k in keys if k in env}}
 
 

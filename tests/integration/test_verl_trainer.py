@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -180,7 +181,8 @@ def test_two_replicas_draft_with_the_synced_online_head_and_the_canary_names_a_b
     to come), naming the source and the step, and logs the fall as a metric (the canary's quiet side on veRL: the
     frozen head's run above)."""
     out = tmp_path / "verl"
-    launch = launch_args(harness_model, out, "spec.mtp.train=online", "spec.mtp.lr=100", *short_run(3),
+    launch = launch_args(harness_model, out, "spec.mtp.train=online", "spec.mtp.lr=100", "trainer.total_training_steps=3",
+                         "trainer.save_freq=3", "trainer.test_freq=-1", "trainer.val_before_train=false",
                          "trainer.n_gpus_per_node=2", *HYBRID_BOTH_SOURCES, spec="hybrid")  # fmt: skip
     output = run_to_end(launch, verl_job)
     assert OmegaConf.load(out / "verl_config.yaml").actor_rollout_ref.rollout.load_format == "dummy"
@@ -220,6 +222,13 @@ def test_two_replicas_draft_with_the_synced_online_head_and_the_canary_names_a_b
     # warned live: before the job marked its last step, not when the launcher collected the run afterwards
     last_mark = max(m["t"] for m in read_marks(out) if m["step"] == 3)
     assert canary_rows(out)[2]["warned_at"] < last_mark
+
+    # the checkpoint of step 3 holds each server's drafter memory (recipe/dapo/verl_drafter_state.py): SAM's prompt
+    # histories and what the hybrid learned of its head, which a run resumed from it loads back into its servers
+    saved = [pickle.loads((out / "global_step_3" / "drafter" / f"server{i}.pkl").read_bytes()) for i in range(2)]
+    for state in saved:
+        assert state["groups"] and state["head"]["acceptance"]["drafts"][0] > 0, sorted(state)
+    assert not set(saved[0]["groups"]) & set(saved[1]["groups"])  # each server its own prompts (affinity routing)
 
     trained = [row for row in logged_rows(out) if "actor/mtp/loss" in row]  # veRL prefixes the actor's metrics
     assert [row["step"] for row in trained] == [1, 2, 3]
