@@ -256,6 +256,10 @@ class LiveCanary:
             with (self.out_dir / CANARY_FILE).open("a") as fh:
                 fh.write(json.dumps(row) + "\n")
             self.running_step, self.open_since = step + 1, window[1]
+        if closed:  # rows before the running step are judged: keep a drafter's last one before it (its baseline)
+            for path, rows in self._rows.items():
+                first = bisect.bisect_right([r["t"] for r in rows], self.open_since)
+                self._rows[path] = rows[max(first - 1, 0) :]
         step = self.running_step
         if step not in self.warned_at:
             counts = draft_counts_by_step(drafters, engines, {step: (self.open_since, now)}, self.source)[step]
