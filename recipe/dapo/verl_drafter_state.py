@@ -12,13 +12,10 @@ memory: the prompt-affinity router sends a prompt to the same server index again
 
 from __future__ import annotations
 
-import logging
 import os
 from pathlib import Path
 
 from recipe.dapo.step_marks import STEP_MARKS_ENV
-
-logger = logging.getLogger(__name__)
 
 DRAFTER_DIR = "drafter"  # inside veRL's global_step_<N>/
 
