@@ -27,6 +27,9 @@ UNTESTED_VLLM_ENV = "SPEC_ROLLOUT_UNTESTED_VLLM"
 HYBRID_VLLM = ("0.28.0",)  # spec=hybrid turns vLLM's own MTP drafter into the hybrid (sam/hybrid.py): the releases
 # whose drafter it was built and tested on (the matrix's others run SAM and MTP, not the hybrid)
 SAM_PROPOSER_CLASS = "sam.vllm.SAMProposer"
+# lets vLLM's collective_rpc carry functions to its workers: the recipe's weight sync and drafter-memory calls, on the
+# local engine and in veRL's servers
+INSECURE_SERIALIZATION_ENV = "VLLM_ALLOW_INSECURE_SERIALIZATION"
 K_BY_BATCH_KEY = "num_speculative_tokens_per_batch_size"  # vLLM's [(first, last, K), ...] live-batch schedule of K
 VLLM_METHOD_KEYS = {  # the spec group's keys that are vLLM speculative_config keys, per method (configs/spec/*.yaml)
     "ngram": ("prompt_lookup_min", "prompt_lookup_max", K_BY_BATCH_KEY),
@@ -191,8 +194,7 @@ def make_llm(
     if util is None:
         util = 0.5 if on_gpu() else 0.2
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-    # weight sync and drafter-state calls send functions and tensors to the workers (veRL does the same)
-    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+    os.environ.setdefault(INSECURE_SERIALIZATION_ENV, "1")
     # engine core in this process: nothing is scheduled until step() is called, so every request of a
     # round is queued before the first step and seeded runs are reproducible (a separate core process
     # starts batching while requests are still arriving, and the batches then depend on timing)

@@ -72,13 +72,12 @@ def paired_equivalence(h: list[dict], off: list[dict], key: str) -> dict[str, fl
     half = float(stats.t.ppf(1 - EQUIVALENCE_ALPHA, df)) * se
     low, high = centre - half, centre + half
     p_tost = float(max(stats.t.sf((centre + margin) / se, df), stats.t.cdf((centre - margin) / se, df))) if se else 0.0
-    verdict = (
-        "equivalent"
-        if -margin < low and high < margin
-        else "differs"
-        if low > margin or high < -margin
-        else "not shown"
-    )
+    if -margin < low and high < margin:
+        verdict = "equivalent"
+    elif low > margin or high < -margin:
+        verdict = "differs"
+    else:
+        verdict = "not shown"
     return {"difference": centre, "low": low, "high": high, "p_tost": p_tost, "verdict": verdict}
 
 

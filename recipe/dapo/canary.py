@@ -57,11 +57,11 @@ class AcceptanceCanary:
                 out[source] = (after, before, p_value, fell)
         return out
 
-    def warn(self, step: int, counts: dict[str, tuple[int, int]]) -> list[str]:
-        """Log a warning for every source that fell in ``counts`` (step ``step``'s drafts, whole or so far); returns
-        those sources."""
+    def warn(self, step: int, counts: dict[str, tuple[int, int]], verdicts: dict | None = None) -> list[str]:
+        """Log a warning for every source that fell in ``counts`` (step ``step``'s drafts, whole or so far; their
+        :meth:`verdicts`, where already computed); returns those sources."""
         fallen = []
-        for source, (after, before, p_value, fell) in self.verdicts(counts).items():
+        for source, (after, before, p_value, fell) in (verdicts or self.verdicts(counts)).items():
             if fell:
                 drafted, accepted = counts[source]
                 logger.warning(
@@ -78,13 +78,14 @@ class AcceptanceCanary:
         ended the step before). Returns the step's canary metrics, warns (unless ``warn`` is off: a live check warned
         already) and updates the levels."""
         metrics: dict[str, float] = {}
-        for source, (after, before, _, fell) in self.verdicts(counts).items():
+        verdicts = self.verdicts(counts)
+        for source, (after, before, _, fell) in verdicts.items():
             prefix = f"rollout/canary_{source}"
             metrics.update(
                 {f"{prefix}_acceptance": after, f"{prefix}_level_before": before, f"{prefix}_fell": float(fell)}
             )
         if warn:
-            self.warn(step, counts)
+            self.warn(step, counts, verdicts)
         for source, (drafted, accepted) in counts.items():
             if drafted:
                 old = self.level.get(source) or [0.0, 0.0]

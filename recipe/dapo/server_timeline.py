@@ -249,9 +249,9 @@ class LiveCanary:
         closed = {s: w for s, w in step_windows(marks).items() if s >= self.running_step}
         for step, window in sorted(closed.items()):
             counts = draft_counts_by_step(drafters, engines, {step: window}, self.source)[step]
-            if step not in self.warned_at and self.canary.warn(step, counts):
-                self.warned_at[step] = now
-            metrics = self.canary.check(step, counts, warn=False)
+            metrics = self.canary.check(step, counts, warn=step not in self.warned_at)
+            if any(v for k, v in metrics.items() if k.endswith("_fell")):
+                self.warned_at.setdefault(step, now)
             row = {"step": step, "t": now, "launch": self.launch, "warned_at": self.warned_at.get(step), **metrics}
             with (self.out_dir / CANARY_FILE).open("a") as fh:
                 fh.write(json.dumps(row) + "\n")

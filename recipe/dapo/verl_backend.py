@@ -34,6 +34,7 @@ from recipe.dapo.report import plot_run
 from recipe.dapo.run_dir import latest_step, merge_tracking, rewind_to_logged_checkpoint, tracking_path, write_history
 from recipe.dapo.server_timeline import TIMELINE_DIR_ENV, LiveCanary, canary_rows, rollout_metrics_by_step
 from recipe.dapo.step_marks import STEP_MARKS_ENV, marks_env
+from recipe.engine import INSECURE_SERIALIZATION_ENV
 from recipe.verl_cpu import PLATFORM_ENV, PLATFORM_NAME
 
 
@@ -176,8 +177,7 @@ def launch_env(device: str, out_dir: Path) -> dict[str, str]:
     env["VERL_FILE_LOGGER_PATH"] = str(tracking_path(out_dir, start))
     env[TIMELINE_DIR_ENV] = str(out_dir / "server_timeline")
     env.update(marks_env(out_dir, resumed_from=start))
-    # the trainer sends the servers' workers functions (recipe/dapo/verl_drafter_state.py), as the local engine does
-    env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+    env[INSECURE_SERIALIZATION_ENV] = "1"  # the trainer sends the servers functions (verl_drafter_state.py)
     return env
 
 
@@ -192,7 +192,7 @@ def worker_env_overrides(env: dict[str, str]) -> dict[str, object]:
         TIMELINE_DIR_ENV,
         STEP_MARKS_ENV,
         JOB_ENV,
-        "VLLM_ALLOW_INSECURE_SERIALIZATION",
+        INSECURE_SERIALIZATION_ENV,
     )
     return {"+ray_kwargs.ray_init.runtime_env.env_vars": {k: env[k] for k in keys if k in env}}
 
