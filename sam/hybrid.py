@@ -353,6 +353,10 @@ class HybridProposer(EagleProposer):
         """SAM's :meth:`~sam.vllm.SAMProposer.finish_tracked` (the head keeps nothing per tracked request)."""
         self.sam.finish_tracked()
 
+    def file_finished(self) -> None:
+        """SAM's :meth:`~sam.vllm.SAMProposer.file_finished`."""
+        self.sam.file_finished()
+
     def load_state_dict(self, state: dict) -> None:
         state = dict(state)
         head = state.pop("head", None)  # older checkpoints have none: the head is learned again

@@ -215,15 +215,23 @@ class SAMProposer:
         still tracked then. The next step maps its rows to slots afresh."""
         self.left += self.slot_of.values()
         self.slot_of.clear()
+        self.file_finished()
+        self._rows = None
+
+    def file_finished(self) -> None:
+        """Finish the requests that left the batch and file every finished rollout into its prompt's history: what
+        the next step that starts a request does (finishing is lazy: a rollout waits for it), done now so that a
+        checkpoint taken while other requests run (veRL's trainer saves while its servers generate) holds them. The
+        requests still tracked are untouched."""
         self._finish_left()
         self.drafter.groups.file_histories()
-        self._rows = None
 
     def state_dict(self) -> dict:
         """Cross-rollout memory (each prompt's lead tokens and history responses, every prompt's responses of the
         global corpus, the payoff rule's acceptance counts, step-cost fit and last token cost, the step count), for
-        trainer checkpoints; reading it changes nothing. After :meth:`finish_tracked` it holds the last rollout too,
-        so that a run resumed from it drafts what an uninterrupted one does."""
+        trainer checkpoints; reading it changes nothing. It holds the rollouts filed so far: after :meth:`file_finished`
+        every finished one, after :meth:`finish_tracked` the last rollout's tracked requests too, so that a run resumed
+        from it drafts what an uninterrupted one does."""
         groups = self.drafter.groups.groups
         return {
             "groups": {

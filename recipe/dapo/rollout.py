@@ -311,8 +311,9 @@ def _drafter_state_on_worker(worker, blob: bytes | None = None, finish: bool = T
     """Runs in a vLLM worker: get (``blob=None``) or set the drafter's cross-rollout memory, as one pickled blob
     (vLLM's RPC turns nested bytes into memoryviews it cannot forward to workers): SAM's per-prompt history (and
     what spec=hybrid learned of its head), or the responses in suffix's global tree (recorded by
-    :func:`_record_suffix_tree_on_worker`). None for other drafters. ``finish``: first file the requests SAM still
-    tracks into their prompts' histories (between rollouts; off where a rollout may be running)."""
+    :func:`_record_suffix_tree_on_worker`). None for other drafters. The rollouts that finished are filed into their
+    prompts' histories first; with ``finish`` the requests SAM still tracks too (between rollouts; off where a
+    rollout may be running)."""
     from sam.vllm import SAMProposer
 
     drafter = getattr(worker.model_runner, "drafter", None)
@@ -320,6 +321,8 @@ def _drafter_state_on_worker(worker, blob: bytes | None = None, finish: bool = T
         if blob is None:
             if finish:
                 drafter.finish_tracked()  # a rollout's last requests, still tracked, go into their prompts' histories
+            else:
+                drafter.file_finished()  # the requests that left the batch (finished lazily) and their rollouts
             return pickle.dumps(drafter.state_dict())
         drafter.load_state_dict(pickle.loads(blob))
         return None

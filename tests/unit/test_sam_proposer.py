@@ -339,6 +339,28 @@ def test_a_checkpoint_between_rollouts_resumes_the_drafts_of_an_uninterrupted_ru
     assert sum(len(d) for step in drafts[0] for d in step.values()) > 20
 
 
+def test_a_checkpoint_while_requests_run_files_the_rollouts_that_finished_and_leaves_the_running_ones():
+    """veRL's trainer checkpoints while its servers generate, so the tracked requests stay out: a finished rollout
+    waits (finishing is lazy) for the next request's start to enter its history, and :meth:`file_finished` files it
+    for the checkpoint, leaving the running requests tracked."""
+    opts = {"batch_threshold": 100, "min_match": 2, "group_sharing": True, "cross_epoch": True}
+    rollout = random_requests(np.random.default_rng(5), 6, prompts=2)
+    late = [1, 2, 3, 4, 5] * 200  # a request of another prompt, still running when the rollout has finished
+    proposer = make_proposer(**opts)
+    drv = Driver(proposer, {**rollout, "late": ([7, 7, 7], late)})
+    while set(drv.unfinished) & set(rollout):
+        drv.step()
+    drv.step()  # reports the rollout's finishes
+    assert drv.unfinished == ["late"]
+    assert not proposer.state_dict()["groups"]  # the rollout waits for a request of its prompts
+    proposer.file_finished()
+    held = sorted(r.tolist() for _lead, responses in proposer.state_dict()["groups"].values() for r in responses)
+    assert held == sorted(response for _prompt, response in rollout.values())
+    assert proposer.num_requests == 1  # the running request is still tracked
+    drv.run()
+    assert filed_responses(proposer) == sorted([*held, late])
+
+
 def test_sharing_switches_are_separate():
     prompt = [1, 2, 3]
     answer = list(range(10, 40))
