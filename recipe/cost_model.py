@@ -153,18 +153,17 @@ def head_seconds(
     batch: int,
     context: float | Sequence[float],
     k: int,
-    sample: bool = True,
 ) -> float:
     """Seconds an MTP head (vLLM's ``mtp`` drafter: one MiMo layer) adds to a step that verified ``k`` drafts: its
     input projection and decoder layer over the step's ``batch * (1 + k)`` tokens, reading its own layer's KV cache,
-    then, where it ``sample``s a draft, the LM head over ``batch`` rows. Priced on the step's roofline and fit; the
+    then its draft sampled through the LM head over ``batch`` rows. Priced on the step's roofline and fit; the
     per-token term and the fixed cost in proportion to the weights it multiplies through (one layer and the LM head
     of the step's layers and LM head)."""
     contexts = per_request(batch, context)
     tokens = batch * (1 + k)
     lm_head = shape.hidden * shape.vocab
     layer = (shape.matmul_params - lm_head) / shape.layers + 2 * shape.hidden * shape.hidden  # + the input projection
-    rows = [(tokens, layer), *([(batch, lm_head)] if sample else [])]  # (tokens through, weights) of each GEMM
+    rows = [(tokens, layer), (batch, lm_head)]  # (tokens through, weights) of each GEMM
     seconds = 4 * shape.heads * shape.head_dim * (1 + k) * float(contexts.sum()) / (device.peak_flops * fit.compute_eff)
     for n, params in rows:
         seconds += 2 * params * n / (device.peak_flops * fit.compute_eff * n / (n + fit.half_tokens))

@@ -11,12 +11,15 @@ runner that expects an MTP drafter still finds one. Each step:
 
 1. SAM (:class:`HybridSAM`, SAM's proposer) takes the step's tokens and finds its drafts as ``spec=sam`` does; its
    payoff cut also weighs, for every row, a chain of up to D head tokens (the head's layer run on its own output) at
-   that request's learned per-depth acceptance (:class:`HeadAcceptance`) and the head's sampling cost per depth (its
-   layer and LM head over the batch, timed in this engine), and keeps whichever cut yields more tokens per second:
-   SAM's drafts alone, or per row the better source with the head's chains at most 1, 2, ... D deep.
-2. The head's layer runs over the step's tokens every step (its own KV cache must hold every position for its later
-   drafts); it samples drafts (the LM head, most of its cost) only on steps where a row takes the head's draft, as
-   deep as the deepest chain sent.
+   that request's learned per-depth acceptance (:class:`HeadAcceptance`) and what the head's run adds to the step
+   at each depth (its layer over the step's tokens and its sampling, :class:`HeadCost`, timed in this engine), and
+   keeps whichever cut yields more tokens per second: SAM's drafts alone, or per row the better source with the
+   head's chains at most 1, 2, ... D deep.
+2. The head runs on steps where a row takes its draft, as deep as the deepest chain sent, and its layer alone on
+   steps that prefill prompts; on the other decode steps nothing of it runs, so a head that does not pay costs
+   nothing but its prompts' layer. Its KV cache then has holes at the positions of the decode steps it skipped,
+   which its later drafts attend over: they cost its drafts little, where holes over the prompt (the positions
+   attention leans on most) would cost them much (results/FINDINGS.md, "Holes in the head's KV cache").
 3. Each row sends one source's draft. A sampled head draft keeps its probabilities; SAM's are point masses
    (:class:`RowDraftProbs`): vLLM's rejection sampler verifies both in one batch, losslessly.
 
@@ -131,14 +134,14 @@ class HeadAcceptance:
 
 
 class HeadCost:
-    """Seconds of the head's run in a step of ``rows`` rows drafting chains ``depth`` deep (0: its layer alone, over the
-    step's tokens): ``a + b * rows + depth * (c * rows + e)``, by non-negative least squares with exponential forgetting
-    over the engine's head runs, as :class:`sam.payoff.StepCost` fits a step. Layer-only runs come mostly from big
-    batches and sampling runs from small ones, so a difference of per-row means would charge sampling with the batch
-    size; the fit separates them and :meth:`row_seconds` prices one depth at the step's own rows.
+    """Seconds the head's run adds to a step of ``rows`` rows whose chains go ``depth`` deep (its layer over the step's
+    tokens, then its sampling, once per depth): ``a + b * rows + depth * (c * rows + e)``, by non-negative least
+    squares with exponential forgetting over the engine's head runs, as :class:`sam.payoff.StepCost` fits a step, so
+    that :meth:`step_seconds` prices each depth at the step's own rows (runs come mostly from small batches, where
+    the payoff rule sends the head's drafts).
 
-    Example: runs of 0.02 + 0.001 * rows s alone and 0.003 * rows + 0.004 s more per depth price a depth at 16 rows at
-    0.003 + 0.004 / 16 s a row."""
+    Example: a layer of 0.02 + 0.001 * rows s and 0.003 * rows + 0.004 s more per depth price chains 2 deep at 16 rows
+    at 0.036 + 2 * 0.052 = 0.14 s."""
 
     TERMS = 4
     RIDGE = 1e-9  # towards 0, each term in its own units: a term the runs cannot tell apart stays small
@@ -147,66 +150,68 @@ class HeadCost:
         self.decay = decay
         self.xtx = np.zeros((self.TERMS, self.TERMS))
         self.xty = np.zeros(self.TERMS)
-        self.runs = np.zeros(2)  # layer-only and sampling runs seen: priced once both were
-        self.coef = np.zeros(self.TERMS)
-
-    @property
-    def known(self) -> bool:
-        return bool(self.runs.all())
+        self.coef = np.zeros(self.TERMS)  # 0 until the head ran: it is priced free until timed (it must run to be)
 
     def observe(self, rows: int, depth: int, seconds: float) -> None:
         x = np.array([1.0, rows, depth * rows, depth], dtype=float)
         self.xtx = self.decay * self.xtx + np.outer(x, x)
         self.xty = self.decay * self.xty + x * seconds
-        self.runs[int(depth > 0)] += 1
-        if self.known:
-            coef = nonnegative_solve(self.xtx + self.RIDGE * np.diag(np.diag(self.xtx) + 1.0), self.xty)
-            if coef is not None:
-                self.coef = coef
+        coef = nonnegative_solve(self.xtx + self.RIDGE * np.diag(np.diag(self.xtx) + 1.0), self.xty)
+        if coef is not None:
+            self.coef = coef
 
-    def row_seconds(self, rows: int) -> float:
-        """What one depth of sampling costs per row of a step of ``rows`` rows (0 until priced)."""
-        return float(self.coef[2] + self.coef[3] / max(rows, 1)) if self.known else 0.0
+    def step_seconds(self, rows: int, depth: int) -> np.ndarray:
+        """[depth + 1]: what the head's run adds to a step of ``rows`` rows at chain depths 0..``depth`` (0 at depth 0:
+        the head does not run)."""
+        a, b, c, e = self.coef.tolist()
+        depths = np.arange(depth + 1, dtype=float)
+        return np.where(depths > 0, a + b * rows + depths * (c * rows + e), 0.0)
 
     def state_dict(self) -> dict:
         return {
             "xtx": self.xtx.tolist(),
             "xty": self.xty.tolist(),
-            "runs": self.runs.tolist(),
             "coef": self.coef.tolist(),
         }
 
     def load_state_dict(self, state: dict) -> None:
         self.xtx, self.xty = np.asarray(state["xtx"], dtype=float), np.asarray(state["xty"], dtype=float)
-        self.runs, self.coef = np.asarray(state["runs"], dtype=float), np.asarray(state["coef"], dtype=float)
+        self.coef = np.asarray(state["coef"], dtype=float)
 
 
-def timed_on_device(run, read: bool, device: torch.device | str) -> tuple[list | None, float]:
-    """``run()`` (the head's layer, sampling where it drafts) and its seconds, the device's queued work included: a GPU
-    returns from the launch before computing, so the clock stops where the result is read back (``read``: its token
-    ids, which waits) or, with nothing to read, after a device synchronisation. Timing the launch alone charged the
-    head's work to whatever next waited for the device, the next step that SAM's step cost learns from.
+def timed_on_device(run) -> tuple[list, float]:
+    """``run()`` (the head's layer and sampling) read back as token ids, and its seconds, the device's queued work
+    included: a GPU returns from the launch before computing, so the clock stops where the ids are read back (which
+    waits for them). Timing the launch alone charged the head's work to whatever next waited for the device, the next
+    step that SAM's step cost learns from.
 
     Example: a layer whose kernels take 3 ms after a 0.1 ms launch is timed at 3.1 ms, not 0.1 ms."""
     start = time.perf_counter()
-    out = run()
-    ids = out.tolist() if read else None
-    if not read and torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
+    ids = run().tolist()
     return ids, time.perf_counter() - start
+
+
+def prompts_in_step(prefilled: int, sampled: list[list[int]]) -> bool:
+    """Whether a step's tokens hold prompt tokens, on which the head's layer must run (its KV cache over the prompt):
+    a request started in it (``prefilled`` rows sampled their first token) or a row sampled nothing (a prompt
+    prefilled in chunks, or a preempted request's recomputation, not done yet).
+
+    Example: ``prompts_in_step(0, [[5], [7, 8]])`` is False (decode rows only); ``prompts_in_step(0, [[5], []])`` is
+    True."""
+    return prefilled > 0 or any(not tokens for tokens in sampled)
 
 
 class HybridSAM(SAMProposer):
     """SAM's proposer whose payoff cut also weighs a chain of head tokens for every row (:meth:`_cut`).
 
     The hybrid sets :attr:`head_chance` ([rows, depth]: per row, the chance its chain's tokens 1..d are all accepted)
-    and :attr:`head_row_seconds` before each :meth:`propose`, and reads :attr:`head_rows` (the rows that take the
-    head's chain) and :attr:`head_lengths` (how deep each goes) after it."""
+    and :attr:`head_seconds` before each :meth:`propose`, and reads :attr:`head_rows` (the rows that take the head's
+    chain) and :attr:`head_lengths` (how deep each goes) after it."""
 
     def __init__(self, vllm_config, *args, **kwargs) -> None:
         super().__init__(vllm_config, *args, **kwargs)
         self.head_chance: np.ndarray | None = None
-        self.head_row_seconds = 0.0  # what sampling one depth of the head's chain costs per row of the step
+        self.head_seconds = np.zeros(1)  # [depth + 1]: what the head's run adds to the step at chain depth d
         self.head_rows = np.zeros(0, dtype=bool)
         self.head_lengths = np.zeros(0, dtype=np.int64)
 
@@ -215,8 +220,8 @@ class HybridSAM(SAMProposer):
 
     def _nothing_can_pay(self, rows: int) -> bool:
         """SAM's bound (:meth:`SAMProposer._nothing_can_pay`), and no head draft can pay either: its first token at the
-        best row's chance, less its price, against the switch to verification and the head's sampling (a chain's
-        later tokens are likelier to fail than its first)."""
+        best row's chance, less its price, against the switch to verification and the head's run at depth 1 (a
+        chain's later tokens are likelier to fail than its first)."""
         if not super()._nothing_can_pay(rows):
             return False
         if not self._head_usable(rows) or not self.step_cost.known:
@@ -225,7 +230,8 @@ class HybridSAM(SAMProposer):
         margin = self.options.payoff_margin
         plain = max(a + b * rows, 1e-12)
         token_cost = (1.0 + margin) * rows * c / plain
-        switch = (1.0 + margin) * (1.0 + (e + (f + self.head_row_seconds) * rows) / plain) - 1.0
+        head = float(self.head_seconds[min(1, self.head_seconds.size - 1)])
+        switch = (1.0 + margin) * (1.0 + (e + f * rows + head) / plain) - 1.0
         return float(self.head_chance[:, 0].max()) - token_cost <= switch
 
     def _pay(self, rows: int, slots, drafts, lengths, group, mlen, level, idle: bool) -> np.ndarray:
@@ -239,7 +245,7 @@ class HybridSAM(SAMProposer):
     def _cut(self, rows: int, chances: np.ndarray, lengths: np.ndarray) -> np.ndarray:
         """SAM's payoff cut, against cuts where each row drafts from the source whose draft gains more at the last
         cut's token cost (the head: its chain, at most ``depth`` tokens deep), for each depth the head's chains may
-        reach, the head's sampling priced per row and depth; the cut with the most expected tokens per second wins.
+        reach, the head's run priced at each depth; the cut with the most expected tokens per second wins.
         Sets :attr:`head_rows` and :attr:`head_lengths`."""
         sam_lengths = super()._cut(rows, chances, lengths)
         sam_token_cost = self._token_cost
@@ -260,7 +266,7 @@ class HybridSAM(SAMProposer):
             mixed_chances[head, :depth] = head_chance[head, :depth]
             mixed_lengths = np.where(head, depth, lengths)
             cost = self._cost.copy()
-            cost[4] += self.head_row_seconds * depth
+            cost[3] += self.head_seconds[depth]
             mixed, token_cost = payoff_cut(mixed_chances, mixed_lengths, rows, cost, self.options.payoff_margin)
             head_lengths = np.where(head, mixed, 0)
             rate = self._rate(rows, mixed_chances, mixed, int(head_lengths.max()))
@@ -274,10 +280,10 @@ class HybridSAM(SAMProposer):
 
     def _rate(self, rows: int, chances: np.ndarray, lengths: np.ndarray, head_depth: int) -> float:
         """Expected tokens per second of a step that sends ``lengths`` of drafts with these chances, the head's chains
-        sampled ``head_depth`` deep."""
+        ``head_depth`` deep (0: the head does not run)."""
         kept = np.arange(chances.shape[1])[None, :] < lengths[:, None]
         drafted = int(lengths.sum())
-        seconds = self.step_cost.seconds(rows, drafted, self._context) + self.head_row_seconds * rows * head_depth
+        seconds = self.step_cost.seconds(rows, drafted, self._context) + self.head_seconds[head_depth]
         return (rows + float(chances[kept].sum())) / max(seconds, 1e-12)
 
 
@@ -321,7 +327,7 @@ class HybridProposer(EagleProposer):
         # depths past the recorded ones: the deepest recorded rate
         self.head = HeadAcceptance([rates[min(d, len(rates) - 1)] for d in range(depth)])
         pinned = options.get("head_cost")
-        self.head_cost = None if pinned is None else float(pinned)  # seconds per row of the head's sampling, given
+        self.head_cost = None if pinned is None else float(pinned)  # seconds per row and depth of its run, given
         self.sam = HybridSAM(config)
         self.sam.attach_runner(runner)
         self.runner = runner
@@ -332,7 +338,7 @@ class HybridProposer(EagleProposer):
         self.drafted = np.zeros(len(SOURCES), dtype=np.int64)  # draft tokens sent, by source
         self.accepted = np.zeros(len(SOURCES), dtype=np.int64)  # ... and accepted
         self.head_chains = np.zeros(self.head.depth + 1, dtype=np.int64)  # head chains sent, by length
-        self.head_steps = 0  # steps where the head sampled
+        self.head_runs = np.zeros(2, dtype=np.int64)  # steps where the head ran: its layer alone (a prompt's), sampling
         self.steps = 0
         self.counts_log = CountsLog()  # beside a veRL server's timeline, where the trainer reads the counts
         self.sent_by_rows = np.zeros((len(SOURCES), int(config.scheduler_config.max_num_seqs) + 1), dtype=np.int64)
@@ -407,23 +413,22 @@ class HybridProposer(EagleProposer):
         sam = self.sam
         sam.head_chance = self.head.chances(req_ids) if num_speculative_tokens > 0 else None
         if self.head_cost is not None:
-            sam.head_row_seconds = self.head_cost
+            sam.head_seconds = self.head_cost * rows * np.arange(self.head.depth + 1, dtype=float)
         else:
-            sam.head_row_seconds = self.head_cost_fit.row_seconds(rows)
+            sam.head_seconds = self.head_cost_fit.step_seconds(rows, self.head.depth)
         sam.head_rows = np.zeros(rows, dtype=bool)
         sam.head_lengths = np.zeros(rows, dtype=np.int64)
         drafts = sam.propose(self._sampled, num_tokens, batch.token_ids_cpu)
         head_rows = sam.head_rows if sam.head_rows.size == rows else np.zeros(rows, dtype=bool)
         depth = int(sam.head_lengths[head_rows].max()) if head_rows.any() else 0
-        head_ids, elapsed = timed_on_device(
-            lambda: super(HybridProposer, self).propose(depth, *args, **kwargs), depth > 0, self.device
-        )
-        if sam._last_call is not None:
-            sam._last_call += elapsed  # the head's time is priced apart from the step SAM's step cost learns
-        if rows:
-            self.head_cost_fit.observe(rows, depth, elapsed)
-        if depth:
-            self.head_steps += 1
+        self._last_draft_probs = None
+        if depth or prompts_in_step(sam.prefilled, self._sampled):  # else the head does not run (module docstring)
+            head_ids, elapsed = timed_on_device(lambda: super(HybridProposer, self).propose(depth, *args, **kwargs))
+            if sam._last_call is not None:
+                sam._last_call += elapsed  # the head's time is priced apart from the step SAM's step cost learns
+            if depth:  # a prompt's layer-only run is no price of a draft
+                self.head_cost_fit.observe(rows, depth, elapsed)
+            self.head_runs[int(depth > 0)] += 1
             for r in np.flatnonzero(head_rows).tolist():
                 drafts[r] = head_ids[r][: int(sam.head_lengths[r])]
                 self.head_chains[len(drafts[r])] += 1

@@ -124,6 +124,7 @@ class SAMProposer:
         # (None otherwise): a step with the same rows starts and finishes nothing
         self._row_slots = np.zeros(0, dtype=np.int64)  # ... and their drafter slots
         self.steps = 0
+        self.prefilled = 0  # rows whose request started in the last step (their prompts were prefilled in it)
         self.deferred_steps = 0  # steps where nothing could pay and the drafter left its work to a later step
         self.gated_steps = 0
         self.preempted_steps = 0  # request-steps spent preempted (row missing, request kept)
@@ -444,6 +445,7 @@ class SAMProposer:
         if payoff:
             self._time_step(now, rows, prefilled)
             self._cost = self.step_cost.at(rows, self._context)
+        self.prefilled = prefilled
         self._quiet &= not prefilled  # new requests bring new drafts (and a checkpoint, between rollouts, keeps none)
         idle = payoff and self._nothing_can_pay(rows)
         if self._defers(idle) and self.steps % CATCH_UP_EVERY:

@@ -104,14 +104,15 @@ def drafter_cost(
     shape: ModelShape, device: Device, fit_: StepCostFit, drafter: Drafter, verified: tuple[float, ...] | None = None
 ) -> StepCost:
     """The replay's step cost for ``drafter``: a step verifying ``k`` drafts (or, given ``verified``, the band's mean
-    draft tokens per request, what a recorded drafter sent), plus an MTP head's forward where the drafter has one: its
-    layer every step (its KV cache must hold every position), its LM head where the step drafts (sam/hybrid.py)."""
+    draft tokens per request, what a recorded drafter sent), plus an MTP head's forward (its layer and LM head) on the
+    steps that draft where the drafter has a head: the hybrid runs its head only there (sam/hybrid.py; its layer on
+    a prompt's prefill too, which the replay's one-token prefill step leaves out)."""
 
     def cost(batch: int, contexts: np.ndarray, k: int) -> float:
         drafted = (verified[band_index(batch)] if verified is not None else k) if k else 0
         seconds = step_seconds(shape, device, fit_, batch, contexts, drafted)
-        if drafter.head:
-            seconds += head_seconds(shape, device, fit_, batch, contexts, drafted, sample=k > 0)
+        if drafter.head and k:
+            seconds += head_seconds(shape, device, fit_, batch, contexts, drafted)
         return seconds
 
     return cost

@@ -27,7 +27,7 @@ def test_two_mode_ab_runs_and_writes_tables_and_plots(harness_model, tmp_path):
         f"actor_rollout_ref.model.path={harness_model}", f"data.train_files={data / 'train.parquet'}",
         f"data.val_files={data / 'test.parquet'}", "trainer.total_training_steps=2",
         "data.train_batch_size=2", "data.gen_batch_size=3", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-        "actor_rollout_ref.rollout.n=4", "data.max_response_length=256", "reward.reward_kwargs.overlong_buffer_cfg.len=64",
+        "actor_rollout_ref.rollout.n=4", "data.max_response_length=128", "reward.reward_kwargs.overlong_buffer_cfg.len=32",
         "data.val_max_samples=8", "trainer.test_freq=0", "recipe.progress_bar=false",
         "recipe.train_probe.prompts=4", "recipe.train_probe.n=2",
     ]  # fmt: skip

@@ -61,11 +61,40 @@ def test_the_hybrids_checkpoint_keeps_what_it_learned_of_its_head(harness_model,
     engine.generate(prompts, 4, SAMPLING)
     saved = engine.drafter_state()
     head = learned(saved)
-    assert sum(head["acceptance"]["drafts"]) > 0 and head["cost"]["runs"][1] > 0  # the head drafted, its sampling timed
+    assert sum(head["acceptance"]["drafts"]) > 0 and any(head["cost"]["xty"])  # the head drafted, its run timed
     engine.generate(prompts, 4, SAMPLING)
     assert learned(engine.drafter_state()) != head
     engine.load_drafter_state(saved)  # a resumed run's engine
     assert learned(engine.drafter_state()) == head
+
+
+def _price_the_head_on_worker(worker, head_cost: float) -> tuple[int, int, list[int]]:
+    """Runs in the engine's worker: pins the hybrid's price of its head (seconds per row and depth) and returns how many
+    times the head's model ran (a hook counts every forward), the drafter's steps and its head runs (layer alone,
+    sampling) so far."""
+    drafter = worker.model_runner.drafter
+    drafter.head_cost = head_cost
+    if not hasattr(drafter, "forwards_counted"):
+        drafter.forwards_counted = [0]
+        drafter.model.register_forward_hook(
+            lambda *_: drafter.forwards_counted.__setitem__(0, drafter.forwards_counted[0] + 1)
+        )
+    return drafter.forwards_counted[0], drafter.steps, drafter.head_runs.tolist()
+
+
+@HYBRID_VLLM
+def test_the_hybrids_head_runs_only_where_its_drafts_are_sent_or_prompts_are_prefilled(harness_model, engines):
+    """A head that does not pay costs nothing: priced dearer than any step, no row takes its draft, and its layer runs
+    only on the steps that prefill prompts (its KV cache over the prompt), not on the decode steps."""
+    engine = engines("hybrid")
+    prompts = [prompt_ids(str(harness_model), m) for m in GREEDY_PROMPTS]
+    forwards, steps, runs = engine.llm.collective_rpc(_price_the_head_on_worker, args=(1e3,))[0]
+    engine.generate(prompts, 4, SAMPLING)
+    after = engine.llm.collective_rpc(_price_the_head_on_worker, args=(0.0,))[0]  # the module's free head again
+    forwards, steps = after[0] - forwards, after[1] - steps
+    layer_alone, sampled = (a - b for a, b in zip(after[2], runs, strict=True))
+    assert steps > 20 and sampled == 0
+    assert 0 < forwards == layer_alone < steps / 4, (forwards, layer_alone, steps)
 
 
 @pytest.mark.parametrize("method", ["mtp", pytest.param("hybrid", marks=HYBRID_VLLM)])

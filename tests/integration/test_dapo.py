@@ -36,7 +36,7 @@ def run_args(model: Path, out: Path, steps: int, *extra: str) -> list[str]:
         f"data.val_files={data / 'test.parquet'}", f"trainer.default_local_dir={out}",
         f"hydra.run.dir={out}/hydra", f"trainer.total_training_steps={steps}",
         "data.train_batch_size=2", "data.gen_batch_size=3", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-        "actor_rollout_ref.rollout.n=4", "data.max_response_length=256", "reward.reward_kwargs.overlong_buffer_cfg.len=64",
+        "actor_rollout_ref.rollout.n=4", "data.max_response_length=128", "reward.reward_kwargs.overlong_buffer_cfg.len=32",
         "data.val_max_samples=8", "trainer.test_freq=0", "trainer.save_freq=1", "recipe.progress_bar=false",
         "trainer.val_before_train=false", "recipe.train_probe.prompts=4", "recipe.train_probe.n=2",
         # rounds until 2 groups with reward variance are kept: the harness model is right on a few percent of its

@@ -8,7 +8,14 @@ import numpy as np
 import pytest
 import torch
 
-from sam.hybrid import HeadAcceptance, HybridSAM, RowDraftProbs, recorded_acceptance, timed_on_device
+from sam.hybrid import (
+    HeadAcceptance,
+    HybridSAM,
+    RowDraftProbs,
+    prompts_in_step,
+    recorded_acceptance,
+    timed_on_device,
+)
 from sam.vllm import SAMProposer, standalone_config
 
 K = 4
@@ -17,7 +24,10 @@ DEAR = [0.001, 0.01, 0.01, 0.0, 0.005]  # a compute-bound big batch: a draft tok
 
 
 def proposer(cost: list[float], cls=HybridSAM) -> SAMProposer:
-    return cls(standalone_config(K, {"payoff": True, "payoff_cost": cost, "global_sharing": False}))
+    p = cls(standalone_config(K, {"payoff": True, "payoff_cost": cost, "global_sharing": False}))
+    if cls is HybridSAM:
+        p.head_seconds = np.zeros(K + 1)  # the head's run free unless a test prices it
+    return p
 
 
 def test_each_row_drafts_from_the_source_that_gains_more_and_nothing_where_no_draft_pays() -> None:
@@ -32,7 +42,7 @@ def test_each_row_drafts_from_the_source_that_gains_more_and_nothing_where_no_dr
 
     p.head_rows = np.zeros(0, dtype=bool)
     p.head_chance = np.full((3, 1), 0.6)
-    p.head_row_seconds = 1.0  # sampling the head dearer than any step: SAM's cut alone
+    p.head_seconds = np.array([0.0, 3.0])  # the head's run dearer than any step: SAM's cut alone
     assert p._cut(3, chances, lengths).tolist() == [4, 2, 0]
     assert not p.head_rows.any()
 
@@ -120,11 +130,12 @@ def test_a_step_that_sent_only_head_drafts_does_not_make_the_next_steps_defer() 
 
 
 def chain_cut(cost: list[float], head_rates: list[float], chances: np.ndarray, lengths: np.ndarray, seconds: float):
-    """The hybrid's cut of one step: SAM's drafts ``chances``/``lengths``, every row's head chain at ``head_rates``."""
+    """The hybrid's cut of one step: SAM's drafts ``chances``/``lengths``, every row's head chain at ``head_rates``,
+    the head's run ``seconds`` per row and depth."""
     p = proposer(cost)
     rows = chances.shape[0]
     p.head_chance = np.tile(np.cumprod(head_rates), (rows, 1))
-    p.head_row_seconds = seconds
+    p.head_seconds = seconds * rows * np.arange(len(head_rates) + 1)
     kept = p._cut(rows, chances, lengths)
     return kept.tolist(), p.head_lengths.tolist()
 
@@ -172,29 +183,24 @@ def test_a_one_token_heads_checkpoint_fills_the_first_depth_of_a_deeper_head() -
     assert deep.by_depth[1] == pytest.approx(0.4)  # the prior where nothing was counted
 
 
-def test_the_heads_sampling_cost_is_fitted_against_the_steps_rows_not_a_difference_of_means() -> None:
-    """Layer-only runs at big batches, sampling runs at small ones (as the payoff rule sends them): the fit recovers the
-    per-depth cost at any batch size, where the difference of per-row means charged sampling with the batch size."""
+def test_the_heads_run_is_priced_whole_at_every_depth_from_the_steps_it_ran_and_free_before() -> None:
+    """The head runs only where its drafts are sent (small batches, chains of several depths): the fit of its layer and
+    per-depth sampling prices a step of any size at every depth, and a head that never ran is free (it must run to be
+    timed); a checkpoint keeps the fit."""
     from sam.hybrid import HeadCost
 
     def seconds(rows: int, depth: int) -> float:
         return 0.02 + 0.001 * rows + depth * (0.003 * rows + 0.004)
 
     fit = HeadCost()
-    assert not fit.known and fit.row_seconds(8) == 0.0
-    layer_only = [(rows, 0) for rows in (48, 56, 64) * 10]
-    sampling = [(rows, depth) for rows in (1, 2, 4) for depth in (1, 2, 3)] * 4
-    for rows, depth in layer_only + sampling:
+    assert fit.step_seconds(8, 3).tolist() == [0.0] * 4
+    for rows, depth in [(rows, depth) for rows in (1, 2, 4) for depth in (1, 2, 3)] * 4:
         fit.observe(rows, depth, seconds(rows, depth))
-    assert fit.known
     for rows in (1, 8, 64):
-        assert fit.row_seconds(rows) == pytest.approx(0.003 + 0.004 / rows, rel=1e-3)
-    layer = np.mean([seconds(r, 0) / r for r, _ in layer_only])
-    sampled = np.mean([(seconds(r, d) / r - layer) / d + layer for r, d in sampling])
-    assert sampled - layer > 3 * (0.003 + 0.004 / 8)  # the old estimate, several times the cost at 8 rows
+        np.testing.assert_allclose(fit.step_seconds(rows, 3), [0.0] + [seconds(rows, d) for d in (1, 2, 3)], rtol=1e-3)
     resumed = HeadCost()
     resumed.load_state_dict(fit.state_dict())
-    assert resumed.row_seconds(8) == fit.row_seconds(8)
+    assert resumed.step_seconds(8, 2).tolist() == fit.step_seconds(8, 2).tolist()
 
 
 class NotReadyYet:
@@ -208,13 +214,21 @@ class NotReadyYet:
         return [[7, 8]]
 
 
-@pytest.mark.parametrize("read", [True, False])
-def test_the_heads_time_includes_the_device_work_behind_its_result(read):
-    """The hybrid prices the head by :func:`sam.hybrid.timed_on_device`: with drafts to read, the clock runs until the
-    ids are back (the device's work included); with nothing to read, on a CPU nothing is queued behind the launch."""
+def test_the_heads_time_includes_the_device_work_behind_its_result():
+    """The hybrid prices the head by :func:`sam.hybrid.timed_on_device`: the clock runs until the ids are back, the
+    device's work included."""
+    ids, seconds = timed_on_device(lambda: NotReadyYet(0.05))
+    assert ids == [[7, 8]] and seconds >= 0.05
 
-    ids, seconds = timed_on_device(lambda: NotReadyYet(0.05), read, "cpu")
-    if read:
-        assert ids == [[7, 8]] and seconds >= 0.05
-    else:
-        assert ids is None and seconds < 0.05
+
+@pytest.mark.parametrize(
+    ("prefilled", "sampled", "prompts"),
+    [
+        (0, [[5], [7, 8]], False),  # decode rows only: the head may skip the step
+        (1, [[5], [7, 8]], True),  # a request started: its prompt was prefilled in the step
+        (0, [[5], []], True),  # a prompt prefilled in chunks (or a preempted request recomputed), not done yet
+        (0, [], False),
+    ],
+)
+def test_the_head_runs_its_layer_on_steps_that_hold_prompt_tokens(prefilled, sampled, prompts) -> None:
+    assert prompts_in_step(prefilled, sampled) is prompts

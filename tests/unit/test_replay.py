@@ -59,9 +59,9 @@ def test_the_payoff_rule_drafts_only_where_drafts_pay():
     assert replay([100] * 2, 10, always, affine_cost, max_num_seqs=2).drafted_steps > 0  # verification is cheap at 2
 
 
-def test_an_mtp_drafter_pays_its_heads_layer_every_step_and_its_lm_head_where_it_drafts():
-    """``recipe.bench replay``'s step cost for a head drafter (the hybrid): drafting adds the head's LM head to a
-    verify step; not drafting still runs its layer, so even a step without drafts costs more than spec off's."""
+def test_an_mtp_drafter_pays_its_heads_forward_only_on_steps_that_draft():
+    """``recipe.bench replay``'s step cost for a head drafter (the hybrid): drafting adds the head's layer and LM
+    head to a verify step; a step without drafts costs what spec off's does (the head does not run)."""
     from recipe.bench.replay import drafter_cost
     from recipe.cost_model import DEVICES, GPU_FIT, SHAPES, head_seconds, step_seconds
 
@@ -69,14 +69,11 @@ def test_an_mtp_drafter_pays_its_heads_layer_every_step_and_its_lm_head_where_it
     hybrid = Drafter("hybrid", 1, (1.3,) * 6, head=True)
     cost = drafter_cost(shape, device, GPU_FIT, hybrid)
     contexts = np.full(4, 1024.0)
-    assert cost(4, contexts, 0) == pytest.approx(
-        step_seconds(shape, device, GPU_FIT, 4, contexts, 0)
-        + head_seconds(shape, device, GPU_FIT, 4, contexts, 0, False)
-    )
+    assert cost(4, contexts, 0) == drafter_cost(shape, device, GPU_FIT, SPEC_OFF)(4, contexts, 0)
     assert cost(4, contexts, 1) == pytest.approx(
         step_seconds(shape, device, GPU_FIT, 4, contexts, 1) + head_seconds(shape, device, GPU_FIT, 4, contexts, 1)
     )
-    assert drafter_cost(shape, device, GPU_FIT, SPEC_OFF)(4, contexts, 0) < cost(4, contexts, 0) < cost(4, contexts, 1)
+    assert cost(4, contexts, 1) > step_seconds(shape, device, GPU_FIT, 4, contexts, 1)
 
 
 def test_bands_and_lengths():
