@@ -104,15 +104,15 @@ def drafter_cost(
     shape: ModelShape, device: Device, fit_: StepCostFit, drafter: Drafter, verified: tuple[float, ...] | None = None
 ) -> StepCost:
     """The replay's step cost for ``drafter``: a step verifying ``k`` drafts (or, given ``verified``, the band's mean
-    draft tokens per request, what a recorded drafter sent), plus an MTP head's forward (its layer and LM head) on the
-    steps that draft where the drafter has a head: the hybrid runs its head only there (sam/hybrid.py; its layer on
+    draft tokens per request, what a recorded drafter sent), plus an MTP head's forward (its layer and LM head, once
+    per token of its ``k``-deep chain) on the steps that draft where the drafter has a head: the hybrid runs its head only there (sam/hybrid.py; its layer on
     a prompt's prefill too, which the replay's one-token prefill step leaves out)."""
 
     def cost(batch: int, contexts: np.ndarray, k: int) -> float:
         drafted = (verified[band_index(batch)] if verified is not None else k) if k else 0
         seconds = step_seconds(shape, device, fit_, batch, contexts, drafted)
         if drafter.head and k:
-            seconds += head_seconds(shape, device, fit_, batch, contexts, drafted)
+            seconds += head_seconds(shape, device, fit_, batch, contexts, drafted, depth=drafter.k)
         return seconds
 
     return cost
@@ -182,11 +182,15 @@ def cpu(args: argparse.Namespace) -> None:
 
 def measured_drafters(path: Path) -> list[Drafter]:
     """The real model's drafters as results/real measured them (whole rollout's tokens per request-step; acceptance
-    does not depend on the hardware): ``mtp`` and ``suffix`` draft every step as vLLM's do, the hybrid sends the
-    head's draft where the payoff rule expects it to pay (its head's yield is mtp's)."""
+    does not depend on the hardware): ``mtp`` (its deepest chain, ``mtp/k4``) and ``suffix`` draft every step as
+    vLLM's do, the hybrid sends the head's chain where the payoff rule expects it to pay (its head's yield is mtp's)."""
     if not path.is_file():
         return []
-    rows = {r["mode"]: r for r in csv.DictReader(open(path))}
+    rows: dict[str, dict] = {}
+    for r in csv.DictReader(open(path)):  # a mode's variants (mtp/k1, mtp/k4; off#2): the deepest
+        base = r["mode"].partition("/")[0].partition("#")[0]
+        if base not in rows or int(r["k"]) > int(rows[base]["k"]):
+            rows[base] = r
     out = []
     for mode in ("mtp", "suffix"):
         if mode in rows:
@@ -195,8 +199,7 @@ def measured_drafters(path: Path) -> list[Drafter]:
             k = max(1, round(float(r["draft_tokens_per_token"]) * tps))  # draft tokens a request-step verifies
             out.append(Drafter(mode, k, (tps,) * len(ACTIVE_BANDS), payoff=False, head=mode == "mtp"))
     if "mtp" in rows:
-        tps = float(rows["mtp"]["tokens_per_request_step"])
-        out.append(Drafter("hybrid", 1, (tps,) * len(ACTIVE_BANDS), head=True))
+        out.append(Drafter("hybrid", out[0].k, out[0].tokens_per_step, head=True))
     return out
 
 

@@ -65,6 +65,10 @@ def test_an_mtp_heads_forward_costs_its_share_of_the_weights_on_a_memory_bound_g
     lm_head = shape.hidden * shape.vocab
     layer = (shape.matmul_params - lm_head) / shape.layers + 2 * shape.hidden**2
     assert head / step == pytest.approx((layer + lm_head) / shape.matmul_params, rel=0.05)
+    # a chain 4 deep (the layer run on its own output) reads the head's weights 4 times
+    assert head_seconds(shape, device, params, 1, 2048, 0, depth=4) / head_seconds(
+        shape, device, params, 1, 2048, 0
+    ) == pytest.approx(4.0)
     # a head's cell is the step plus the head, and named apart from K=1's
     cell = Cell("t", 1, 1, 2048.0, 1.0, head=True)
     assert cell.name == "B=1,K=mtp,C=2048" and cell_errors([cell], shape, device, params)[0]["predicted"] == (

@@ -76,6 +76,23 @@ def test_an_mtp_drafter_pays_its_heads_forward_only_on_steps_that_draft():
     assert cost(4, contexts, 1) > step_seconds(shape, device, GPU_FIT, 4, contexts, 1)
 
 
+def test_the_real_models_drafters_are_read_at_their_deepest_chain(tmp_path):
+    """``replay gpu`` carries SmolLM2's measured drafters to the GPU table: the head every step at its deepest chain
+    (mtp/k4 beside mtp/k1), its draft tokens a step from what it verified, and the hybrid with the same head."""
+    from recipe.bench.replay import measured_drafters
+
+    path = tmp_path / "rollout_e2e.csv"
+    path.write_text(
+        "mode,k,tokens_per_request_step,draft_tokens_per_token\n"
+        "off,0,1,0\nmtp/k1,1,1.28,0.78\nmtp/k4,4,1.73,2.3\nhybrid,6,1,0.001\noff#2,0,1,0\n"
+    )
+    mtp, hybrid = measured_drafters(path)
+    assert (mtp.name, mtp.k, mtp.tokens_per_step[0], mtp.head, mtp.payoff) == ("mtp", 4, 1.73, True, False)
+    assert (hybrid.name, hybrid.k, hybrid.tokens_per_step, hybrid.head, hybrid.payoff) == (
+        "hybrid", 4, mtp.tokens_per_step, True, True)  # fmt: skip
+    assert measured_drafters(tmp_path / "missing.csv") == []
+
+
 def test_bands_and_lengths():
     assert [band_index(b) for b in (1, 2, 4, 5, 8, 9, 16, 17, 48, 49, 512)] == [0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5]
     lengths = response_lengths(10_000, 8192, 1500, 1.0)
