@@ -253,16 +253,19 @@ GPU_TABLE_COLUMNS = (("payoff", 1, 1.3), ("payoff", 1, 1.5), ("payoff", 1, 2.0),
 
 def gpu_table(rows: list[dict]) -> str:
     """Markdown: per model, GPU and response budget, spec off's rollout time and each drafter's speed-up over it,
-    whole rollout (long tail in brackets)."""
+    whole rollout (long tail in brackets); a measured drafter of SmolLM2's that results/real has no row for is left
+    out."""
 
     def label(name: str, k: int | None, tps: float | None) -> str:
         return f"K={k}, {tps:g} tok/step" if name == "payoff" else f"{name} (SmolLM2's)"
 
+    drafters = {r["drafter"] for r in rows}
+    columns = [c for c in GPU_TABLE_COLUMNS if c[0] in drafters]
     table = []
     for key in dict.fromkeys((r["model"], r["device"], r["max_tokens"]) for r in rows):
         group = [r for r in rows if (r["model"], r["device"], r["max_tokens"]) == key]
         cells = []
-        for name, k, tps in GPU_TABLE_COLUMNS:
+        for name, k, tps in columns:
             hit = [
                 r
                 for r in group
@@ -277,7 +280,7 @@ def gpu_table(rows: list[dict]) -> str:
         "max tokens",
         "requests at once",
         "off: rollout s",
-        *(label(*c) for c in GPU_TABLE_COLUMNS),
+        *(label(*c) for c in columns),
     ]
     return markdown(table, headers) + "\n"
 
