@@ -158,9 +158,9 @@ def head_seconds(
     """Seconds an MTP head (vLLM's ``mtp`` drafter: one MiMo layer) adds to a step that verified ``k`` drafts: its
     input projection and decoder layer over the step's ``batch * (1 + k)`` tokens, reading its own layer's KV cache,
     then its draft sampled through the LM head over ``batch`` rows; each later token of a chain ``depth`` deep (the
-    layer run on its own output) runs the layer and the LM head over ``batch`` rows again. Priced on the step's roofline and fit; the
-    per-token term and the fixed cost in proportion to the weights it multiplies through (one layer and the LM head
-    of the step's layers and LM head)."""
+    layer run on its own output) runs the layer and the LM head over ``batch`` rows again. Priced on the step's
+    roofline and fit; the per-token term and the fixed cost in proportion to the weights it multiplies through (one
+    layer and the LM head of the step's layers and LM head)."""
     if depth > 1:
         return head_seconds(shape, device, fit, batch, context, k) + (depth - 1) * head_seconds(
             shape, device, fit, batch, context, 0

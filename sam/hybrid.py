@@ -426,9 +426,9 @@ class HybridProposer(EagleProposer):
             head_ids, elapsed = timed_on_device(lambda: super(HybridProposer, self).propose(depth, *args, **kwargs))
             if sam._last_call is not None:
                 sam._last_call += elapsed  # the head's time is priced apart from the step SAM's step cost learns
-            if depth:  # a prompt's layer-only run is no price of a draft
-                self.head_cost_fit.observe(rows, depth, elapsed)
             self.head_runs[int(depth > 0)] += 1
+        if depth:
+            self.head_cost_fit.observe(rows, depth, elapsed)  # a prompt's layer-only run is no price of a draft
             for r in np.flatnonzero(head_rows).tolist():
                 drafts[r] = head_ids[r][: int(sam.head_lengths[r])]
                 self.head_chains[len(drafts[r])] += 1

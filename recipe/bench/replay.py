@@ -105,8 +105,9 @@ def drafter_cost(
 ) -> StepCost:
     """The replay's step cost for ``drafter``: a step verifying ``k`` drafts (or, given ``verified``, the band's mean
     draft tokens per request, what a recorded drafter sent), plus an MTP head's forward (its layer and LM head, once
-    per token of its ``k``-deep chain) on the steps that draft where the drafter has a head: the hybrid runs its head only there (sam/hybrid.py; its layer on
-    a prompt's prefill too, which the replay's one-token prefill step leaves out)."""
+    per token of its ``k``-deep chain) on the steps that draft, where the drafter has a head: the hybrid runs its head
+    only there (sam/hybrid.py; its layer on a prompt's prefill too, which the replay's one-token prefill step leaves
+    out)."""
 
     def cost(batch: int, contexts: np.ndarray, k: int) -> float:
         drafted = (verified[band_index(batch)] if verified is not None else k) if k else 0
