@@ -211,7 +211,8 @@ class HybridSAM(SAMProposer):
     def __init__(self, vllm_config, *args, **kwargs) -> None:
         super().__init__(vllm_config, *args, **kwargs)
         self.head_chance: np.ndarray | None = None
-        self.head_seconds = np.zeros(1)  # [depth + 1]: what the head's run adds to the step at chain depth d
+        self.head_seconds = np.zeros(self.k + 1)  # [depth + 1]: what the head's run adds to the step at chain depth d
+        # (free until the hybrid prices it)
         self.head_rows = np.zeros(0, dtype=bool)
         self.head_lengths = np.zeros(0, dtype=np.int64)
 
@@ -230,8 +231,7 @@ class HybridSAM(SAMProposer):
         margin = self.options.payoff_margin
         plain = max(a + b * rows, 1e-12)
         token_cost = (1.0 + margin) * rows * c / plain
-        head = float(self.head_seconds[min(1, self.head_seconds.size - 1)])
-        switch = (1.0 + margin) * (1.0 + (e + f * rows + head) / plain) - 1.0
+        switch = (1.0 + margin) * (1.0 + (e + f * rows + float(self.head_seconds[1])) / plain) - 1.0
         return float(self.head_chance[:, 0].max()) - token_cost <= switch
 
     def _pay(self, rows: int, slots, drafts, lengths, group, mlen, level, idle: bool) -> np.ndarray:

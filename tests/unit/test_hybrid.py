@@ -24,10 +24,7 @@ DEAR = [0.001, 0.01, 0.01, 0.0, 0.005]  # a compute-bound big batch: a draft tok
 
 
 def proposer(cost: list[float], cls=HybridSAM) -> SAMProposer:
-    p = cls(standalone_config(K, {"payoff": True, "payoff_cost": cost, "global_sharing": False}))
-    if cls is HybridSAM:
-        p.head_seconds = np.zeros(K + 1)  # the head's run free unless a test prices it
-    return p
+    return cls(standalone_config(K, {"payoff": True, "payoff_cost": cost, "global_sharing": False}))
 
 
 def test_each_row_drafts_from_the_source_that_gains_more_and_nothing_where_no_draft_pays() -> None:
